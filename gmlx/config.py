@@ -1,0 +1,126 @@
+"""Frozen configuration records and the environment switches, parsed once and validated.
+
+Switches (DESIGN §2): GMLX_MTP_PREEMPT, GMLX_MTP_RESUME take 1/0/true/false/on/off/yes/no;
+GMLX_MTP_WIDTH_CAP takes an integer >= 0 (0 = uncapped) and is re-read every round by the
+batch loop. Anything else is a ConfigError at engine start, never a silent default.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field, replace
+
+from gmlx.errors import ConfigError, InvalidRequest
+
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+def parse_bool_env(name: str, default: bool, environ: dict | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a switch value; use one of 1/0, true/false, on/off, yes/no")
+
+
+def parse_cap_env(environ: dict | None = None) -> int | None:
+    """GMLX_MTP_WIDTH_CAP: None when unset, else an int >= 0 (0 = uncapped)."""
+    env = os.environ if environ is None else environ
+    raw = env.get("GMLX_MTP_WIDTH_CAP")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        cap = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"GMLX_MTP_WIDTH_CAP={raw!r} is not an integer; use N >= 0 (0 = uncapped)") from None
+    if cap < 0:
+        raise ConfigError(f"GMLX_MTP_WIDTH_CAP={raw!r} must be >= 0 (0 = uncapped)")
+    return cap
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters (names and defaults as in mlx-lm / vLLM).
+
+    temperature 0 is greedy. top_p in (0, 1] (1 = off), top_k >= 0 (0 = off), min_p in [0, 1]
+    (0 = off). seed: None draws one at submit time; it is reported in the final record.
+    stop: strings that end generation; the matched string is not part of the text.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def validated(self) -> "SamplingParams":
+        """Check every field; return a copy with a concrete seed and stop as a tuple."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise InvalidRequest(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not (self.temperature >= 0.0):
+            raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequest(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequest(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise InvalidRequest(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(s, str) or s == "" for s in stop):
+            raise InvalidRequest("stop strings must be non-empty strings")
+        seed = self.seed
+        if seed is None:
+            seed = secrets.randbits(31)
+        elif not isinstance(seed, int) or seed < 0:
+            raise InvalidRequest(f"seed must be an integer >= 0, got {seed!r}")
+        return replace(self, seed=seed, stop=stop)
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The A/B off switches and the live cap override, read from the environment."""
+
+    preempt: bool = True
+    resume: bool = True
+    width_cap_env: int | None = None
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> "Switches":
+        return cls(
+            preempt=parse_bool_env("GMLX_MTP_PREEMPT", True, environ),
+            resume=parse_bool_env("GMLX_MTP_RESUME", True, environ),
+            width_cap_env=parse_cap_env(environ),
+        )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine decodes. `speculative=None` means: speculate when the model has a drafter."""
+
+    speculative: bool | None = None
+    num_draft_tokens: int | None = None  # None: the model's default (measured), else >= 1
+    width_cap: int | None = None  # CLI flag; None falls back to env, user config, model default
+    resume_min_remaining: int = 8
+    max_queued: int = 256
+    prefill_step_size: int = 512
+    switches: Switches = field(default_factory=Switches)
+
+    def validated(self) -> "EngineConfig":
+        if self.num_draft_tokens is not None and (not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1):
+            raise InvalidRequest(f"num_draft_tokens must be an integer >= 1, got {self.num_draft_tokens!r}")
+        if self.width_cap is not None and self.width_cap < 0:
+            raise InvalidRequest(f"speculative_width_cap must be >= 0 (0 = uncapped), got {self.width_cap!r}")
+        if self.resume_min_remaining < 0:
+            raise InvalidRequest("resume_min_remaining must be >= 0")
+        if self.max_queued < 1:
+            raise InvalidRequest("max_queued must be >= 1")
+        return self

@@ -1,0 +1,107 @@
+"""Per-request statistics under vLLM's names, monotone counters and events.
+
+Nothing here touches the device: every figure is counted on the host from values the loops
+already synced for their own work, so metrics cost no extra device sync.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(slots=True)
+class RequestStats:
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually run through the target (prompt cache hits skip some)
+    num_generated: int = 0
+    num_rounds: int = 0  # speculative rounds (rounds that drafted at least one token)
+    num_drafted: int = 0
+    num_accepted: int = 0
+    acceptance_histogram: list[int] = field(default_factory=list)  # [a] = rounds that accepted a drafts
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_first_token: float | None = None
+    t_end: float | None = None
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        assert 0 <= accepted <= drafted
+        if drafted == 0:
+            return
+        self.num_rounds += 1
+        self.num_drafted += drafted
+        self.num_accepted += accepted
+        if len(self.acceptance_histogram) <= drafted:
+            self.acceptance_histogram.extend([0] * (drafted + 1 - len(self.acceptance_histogram)))
+        self.acceptance_histogram[accepted] += 1
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per speculative round: 1 + accepted drafts per round (vLLM's definition)."""
+        return 1.0 + self.num_accepted / self.num_rounds if self.num_rounds else 0.0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.t_first_token is None else self.t_first_token - self.t_submit
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode rate after the first token: (generated - 1) / (end - first token)."""
+        if self.t_first_token is None or self.t_end is None or self.num_generated < 2:
+            return 0.0
+        dt = self.t_end - self.t_first_token
+        return (self.num_generated - 1) / dt if dt > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "num_generated": self.num_generated,
+            "num_rounds": self.num_rounds,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "draft_acceptance_rate": self.draft_acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_histogram": list(self.acceptance_histogram),
+            "ttft_s": self.ttft_s,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+
+class EventKind(Enum):
+    ROUND = "round"
+    TRANSITION = "transition"
+    FINISH = "finish"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    mode: str  # scalar | batched | gated | plain
+    width: int
+    duration_s: float = 0.0
+    rows: tuple = ()  # per row: (rid, drafted, accepted, emitted)
+    transition: str | None = None  # preempt | gate | resume | capture
+    reason: str | None = None
+    rid: int | None = None
+    stats: dict | None = None
+
+
+@dataclass
+class Counters:
+    """Monotone engine-wide counters."""
+
+    rounds: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    syncs: int = 0
+    transitions: dict = field(default_factory=lambda: {"preempt": 0, "gate": 0, "resume": 0, "capture": 0})
+
+    def snapshot(self) -> dict:
+        return {"rounds": self.rounds, "tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted,
+                "syncs": self.syncs, **{f"transition_{k}": v for k, v in self.transitions.items()}}

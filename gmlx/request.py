@@ -1,0 +1,129 @@
+"""One request's record (the row) and how tokens are emitted into it.
+
+Emission is the single place that decides budgets and stops, for every loop: tokens are taken
+one by one from a round's output; EOS ends the request without being emitted (as mlx-lm's
+`stream_generate`), `max_tokens` is never exceeded, and a stop string ends the request at the
+token that completes it, with the string cut from the text. Text that might be the start of a
+stop string is held back until it is known not to be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from gmlx.config import SamplingParams
+from gmlx.metrics import RequestStats
+
+
+class RowState(Enum):
+    QUEUED = "queued"
+    SCALAR = "scalar"
+    BATCHED = "batched"
+    GATED = "gated"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One emitted token and the text it completes (may be empty while bytes are pending)."""
+
+    token: int
+    text: str
+
+
+@dataclass(slots=True)
+class Row:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams  # validated: seed is concrete
+    eos_ids: frozenset[int]
+    detokenizer: object
+    tokens: list[int] = field(default_factory=list)
+    state: RowState = RowState.QUEUED
+    finish_reason: str | None = None
+    text: str = ""
+    sent_chars: int = 0
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    @property
+    def seed(self) -> int:
+        return self.params.seed  # type: ignore[return-value]
+
+    @property
+    def next_position(self) -> int:
+        """Absolute position of the next token to sample (its noise key)."""
+        return len(self.prompt) + len(self.tokens)
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.tokens)
+
+    @property
+    def is_done(self) -> bool:
+        return self.finish_reason is not None
+
+    def emit(self, candidates: list[int], now: float) -> list[Piece]:
+        """Take a round's tokens in order until the request finishes; return what was emitted."""
+        out: list[Piece] = []
+        for tok in candidates:
+            if self.is_done:
+                break
+            if tok in self.eos_ids:
+                self.finish_reason = "stop"
+                break
+            self.tokens.append(tok)
+            self.detokenizer.add_token(tok)
+            self.text = self.detokenizer.text
+            if self.stats.t_first_token is None:
+                self.stats.t_first_token = now
+            if self._cut_at_stop_string():
+                self.finish_reason = "stop"
+            elif len(self.tokens) >= self.params.max_tokens:
+                self.finish_reason = "length"
+            out.append(Piece(tok, self._release_text()))
+        self.stats.num_generated = len(self.tokens)
+        if self.is_done:
+            self.stats.t_end = now
+            if out:
+                out[-1] = Piece(out[-1].token, out[-1].text + self._flush_text())
+            else:
+                tail = self._flush_text()
+                if tail:
+                    out.append(Piece(-1, tail))
+        return out
+
+    def _cut_at_stop_string(self) -> bool:
+        if not self.params.stop:
+            return False
+        longest = max(len(s) for s in self.params.stop)
+        start = max(0, self.sent_chars - longest)
+        hits = [i for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        return True
+
+    def _release_text(self) -> str:
+        """Text safe to show now: all of it, except a tail that could still begin a stop string."""
+        hold = 0
+        if self.params.stop and not self.is_done:
+            hold = max(len(s) for s in self.params.stop) - 1
+        end = max(self.sent_chars, len(self.text) - hold)
+        piece = self.text[self.sent_chars : end]
+        self.sent_chars = end
+        return piece
+
+    def _flush_text(self) -> str:
+        if not (self.finish_reason == "stop" and self.params.stop):
+            self.detokenizer.finalize()
+            if self.detokenizer.text.startswith(self.text):
+                self.text = self.detokenizer.text
+        piece = self.text[self.sent_chars :]
+        self.sent_chars = len(self.text)
+        return piece
+
+    def finish(self, reason: str, now: float) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.stats.t_end = now

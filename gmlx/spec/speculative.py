@@ -1,0 +1,166 @@
+"""The decode loops, one round each: the scalar speculative loop and plain decode.
+
+Round boundary invariant (pending bonus): for a sequence x_0..x_{n-1}, the target's KV cache
+holds x_0..x_{n-2}; the bonus x_{n-1} is emitted but its KV is not in the cache.
+
+Scalar speculative round (one request, k drafts):
+    d_n..d_{n+k-1}  = drafter, sampled with the target's noise G(seed, p)      (coupled)
+    t_n..t_{n+k}    = sample(target([x_{n-1}, d_n..d_{n+k-1}]))                 one forward
+    a               = max{i : d_{n+j} == t_{n+j} for all j < i}                 accept iff equal
+    emit t_n..t_{n+a}       (a accepted drafts, then the bonus t_{n+a})
+    trim k-a target entries (the rejected drafts), keeping x_{n-1}..x_{n+a-1}
+Every emitted token is the target's own position-keyed sample, so the stream is exactly the
+plain stream. One host sync per round: drafts and targets are read together.
+
+Graph builders here never sync; `ScalarLoop.round` holds the one sync of the round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from gmlx.models.adapter import Target
+from gmlx.request import Row
+from gmlx.sampling import RowSampling, sample
+from gmlx.spec.drafter import DraftState, MTPDrafter
+
+
+@dataclass(slots=True)
+class RoundResult:
+    tokens: list[int]  # candidates to emit, in order
+    drafted: int
+    accepted: int
+
+
+def accept_length(drafts: list[int], targets: list[int]) -> int:
+    """Number of leading drafts equal to the target's tokens at the same positions."""
+    a = 0
+    for d, t in zip(drafts, targets):
+        if d != t:
+            break
+        a += 1
+    return a
+
+
+def positions(start: int, n: int) -> mx.array:
+    return mx.array(np.arange(start, start + n, dtype=np.int32)[None])  # [1, n]
+
+
+def prefill(target: Target, cache: list, tokens: list[int], step: int, want_hidden: bool) -> mx.array | None:
+    """Run tokens through the target in chunks; return their hidden states [1, L, D] if asked."""
+    hiddens = []
+    for i in range(0, len(tokens), step):
+        chunk = mx.array([tokens[i : i + step]], dtype=mx.int32)
+        if want_hidden:
+            _, h = target(chunk, cache)
+            hiddens.append(h)
+            mx.eval(h, [c.state for c in cache])  # sync: bound the graph per prefill chunk
+        else:
+            target.backbone(chunk, cache=cache)
+            mx.eval([c.state for c in cache])  # sync: bound the graph per prefill chunk
+    if not want_hidden or not hiddens:
+        return None
+    return hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
+
+
+@dataclass(slots=True)
+class ScalarSeq:
+    """The scalar loop's state for its one request."""
+
+    row: Row
+    cache: list  # target KV, one mlx-lm KVCache per layer
+    draft: DraftState | None
+    rs: RowSampling
+
+    @property
+    def bonus(self) -> int:
+        return self.row.tokens[-1] if self.row.tokens else self.row.prompt[-1]
+
+
+class ScalarLoop:
+    """One request, speculating with coupled sampled drafts (or plain when k == 0)."""
+
+    def __init__(self, target: Target, drafter: MTPDrafter | None, k: int, prefill_step: int = 512):
+        self.target = target
+        self.drafter = drafter
+        self.k = k
+        self.prefill_step = prefill_step
+
+    def start(self, row: Row, rs: RowSampling) -> ScalarSeq:
+        """Prefill x_0..x_{m-2} and queue the head's teacher forcing on the prompt."""
+        cache = self.target.make_cache()
+        body = row.prompt[:-1]
+        row.stats.prefill_tokens = len(body)
+        want_hidden = self.drafter is not None
+        hidden = prefill(self.target, cache, body, self.prefill_step, want_hidden)
+        draft = None
+        if self.drafter is not None:
+            draft = self.drafter.new_state()
+            if hidden is not None:
+                draft.add_pending(hidden, mx.array([row.prompt[1:]], dtype=mx.int32))
+        return ScalarSeq(row=row, cache=cache, draft=draft, rs=rs)
+
+    def round_k(self, seq: ScalarSeq) -> int:
+        """Drafts this round: never more than the budget can use."""
+        if self.drafter is None or seq.draft is None or not seq.draft.can_draft:
+            return 0
+        return max(0, min(self.k, seq.row.remaining - 1))
+
+    def round(self, seq: ScalarSeq) -> RoundResult:
+        k = self.round_k(seq)
+        n = seq.row.next_position
+        drafts = None
+        if k:
+            drafts = self.drafter.draft(seq.draft, k, seq.rs, n, coupled=True)  # [1, k]
+            inputs = mx.concatenate([mx.array([[seq.bonus]], dtype=mx.int32), drafts], axis=1)
+        else:
+            inputs = mx.array([[seq.bonus]], dtype=mx.int32)
+        logits, hidden = self.target(inputs, seq.cache)  # [1, k+1, V], [1, k+1, D]
+        targets = sample(logits, seq.rs, positions(n, k + 1))  # [1, k+1]
+        if drafts is not None:
+            mx.eval(drafts, targets)  # sync: the round's one read of drafts and target tokens
+            d = drafts.tolist()[0]  # sync: already evaluated above
+        else:
+            mx.eval(targets)  # sync: the round's one read of target tokens
+            d = []
+        t = targets.tolist()[0]  # sync: already evaluated above
+        a = accept_length(d, t)
+        out = t[: a + 1]
+        if k > a:
+            for c in seq.cache:
+                c.trim(k - a)
+        if seq.draft is not None:
+            kept = mx.array([out], dtype=mx.int32)
+            if k:
+                self.drafter.rollback(seq.draft, k, hidden[:, : a + 1], kept)
+            else:
+                seq.draft.add_pending(hidden, kept)
+        return RoundResult(tokens=out, drafted=k, accepted=a)
+
+
+class PlainDecoder:
+    """Plain decode of one request, double-buffered like mlx-lm's generate_step: step p+1's
+    forward is dispatched before step p's token is read. The reference path for the oracle."""
+
+    def __init__(self, target: Target, seq: ScalarSeq):
+        self.target = target
+        self.seq = seq
+        self.pos = seq.row.next_position
+        self.next = self._step(mx.array([[seq.bonus]], dtype=mx.int32), self.pos)
+        mx.async_eval(self.next)
+
+    def _step(self, y: mx.array, pos: int) -> mx.array:
+        logits = self.target.logits(y, self.seq.cache)[:, -1:]  # [1, 1, V]
+        return sample(logits, self.seq.rs, positions(pos, 1))  # [1, 1]
+
+    def round(self) -> RoundResult:
+        cur = self.next
+        if self.seq.row.remaining > 1:
+            self.next = self._step(cur, self.pos + 1)
+            mx.async_eval(self.next)
+        tok = cur.item()  # sync: read this step's token while the next one computes
+        self.pos += 1
+        return RoundResult(tokens=[tok], drafted=0, accepted=0)

@@ -1,0 +1,78 @@
+"""A request's stream: thread-safe hand-off of emitted pieces from the engine to the caller."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from gmlx.request import Piece
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    """What a finished request reports (stats under vLLM's names, see RequestStats.as_dict)."""
+
+    request_id: int
+    prompt_tokens: list[int]
+    tokens: list[int]
+    text: str
+    finish_reason: str
+    seed: int
+    speculative: bool
+    stats: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+_END = object()
+
+
+class Stream:
+    """Iterate for pieces (token id + text); then read `.result`. `cancel()` is thread-safe."""
+
+    def __init__(self, request_id: int, seed: int):
+        self.request_id = request_id
+        self.seed = seed
+        self._q: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._cancel = threading.Event()
+        self._result: FinalRecord | None = None
+
+    # engine side
+    def _put(self, pieces: list[Piece]) -> None:
+        for p in pieces:
+            self._q.put(p)
+
+    def _finish(self, record: FinalRecord) -> None:
+        self._result = record
+        self._done.set()
+        self._q.put(_END)
+
+    # caller side
+    def __iter__(self):
+        while True:
+            item = self._q.get()
+            if item is _END:
+                return
+            yield item
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> FinalRecord:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        assert self._result is not None
+        return self._result
+
+    @property
+    def result(self) -> FinalRecord:
+        return self.wait()
