@@ -7,10 +7,12 @@ then queues it; the engine admits queued requests between rounds.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import mlx.core as mx
@@ -24,6 +26,16 @@ from gmlx.sampling import RowSampling
 from gmlx.spec.drafter import MTPDrafter
 from gmlx.spec.speculative import PlainDecoder, ScalarLoop, ScalarSeq
 from gmlx.stream import FinalRecord, Stream
+
+
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    """Join engine threads before the interpreter finalises (MLX aborts on live streams)."""
+    for engine in list(_LIVE):
+        engine.close()
 
 
 class Engine:
@@ -48,6 +60,7 @@ class Engine:
         self._active: tuple[ScalarSeq, Stream, PlainDecoder | None] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        _LIVE.add(self)
 
     # ---- caller side -------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
@@ -102,6 +115,7 @@ class Engine:
         return stream.result
 
     def close(self) -> None:
+        """End live streams (finish reason "cancelled"), join the engine thread. Idempotent."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
@@ -125,8 +139,7 @@ class Engine:
                 self._thread.start()
 
     def _run(self) -> None:
-        # MLX streams belong to the thread that made them: the engine thread makes its own.
-        with mx.stream(mx.new_stream(mx.default_device())):
+        try:
             while True:
                 with self._lock:
                     while not self._closed and not self._queue and self._active is None:
@@ -137,6 +150,11 @@ class Engine:
                     self.step()
                 except Exception as e:  # a fault ends the request being served, never the engine
                     self._fail_active(e)
+        finally:
+            # MLX requires each thread to destroy its streams before it ends, or the process may
+            # abort at exit ("terminate called without an active exception"; mlx#3126, #4327).
+            mx.synchronize()
+            mx.clear_streams()
 
     def _fail_active(self, exc: Exception) -> None:
         if self._active is None:

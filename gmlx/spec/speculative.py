@@ -83,11 +83,13 @@ class ScalarSeq:
 class ScalarLoop:
     """One request, speculating with coupled sampled drafts (or plain when k == 0)."""
 
-    def __init__(self, target: Target, drafter: MTPDrafter | None, k: int, prefill_step: int = 512):
+    def __init__(self, target: Target, drafter: MTPDrafter | None, k: int, prefill_step: int = 512,
+                 coupled: bool = True):
         self.target = target
         self.drafter = drafter
         self.k = k
         self.prefill_step = prefill_step
+        self.coupled = coupled  # False only for A/B measurements of coupling itself
 
     def start(self, row: Row, rs: RowSampling) -> ScalarSeq:
         """Prefill x_0..x_{m-2} and queue the head's teacher forcing on the prompt."""
@@ -114,7 +116,7 @@ class ScalarLoop:
         n = seq.row.next_position
         drafts = None
         if k:
-            drafts = self.drafter.draft(seq.draft, k, seq.rs, n, coupled=True)  # [1, k]
+            drafts = self.drafter.draft(seq.draft, k, seq.rs, n, coupled=self.coupled)  # [1, k]
             inputs = mx.concatenate([mx.array([[seq.bonus]], dtype=mx.int32), drafts], axis=1)
         else:
             inputs = mx.array([[seq.bonus]], dtype=mx.int32)

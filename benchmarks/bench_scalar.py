@@ -1,0 +1,121 @@
+"""Scalar-loop benchmark (issue 2): speculative vs plain, coupled vs greedy drafting, gmlx plain
+vs mlx-lm stream_generate, and the draft length K. Interleaved repeats, medians, ratios per repeat.
+
+Run: ``python benchmarks/bench_scalar.py --prompts 8 --max-tokens 128 --repeats 3``
+Writes bench_results/<utc>_scalar.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import gmlx  # noqa: F401  (OpenBLAS before mlx)
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from gmlx.config import SamplingParams
+from gmlx.data import load_prompts
+from gmlx.machine import describe
+from gmlx.models.loading import load
+from gmlx.sampling import RowSampling
+from gmlx.spec.drafter import MTPDrafter
+from gmlx.spec.speculative import PlainDecoder, ScalarLoop
+from gmlx.testing import make_row
+
+
+def run_gmlx(lm, prompt, params, k, coupled=True):
+    """One request through the scalar loop (k > 0) or plain decode (k == 0); decode rate and stats."""
+    row = make_row(lm, prompt, params, eos_ids=set())  # fixed-length generations: same work per arm
+    drafter = MTPDrafter(lm.head, lm.target) if k else None
+    loop = ScalarLoop(lm.target, drafter, k, coupled=coupled)
+    seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
+    plain = PlainDecoder(lm.target, seq) if not k else None
+    while not row.is_done:
+        res = plain.round() if plain else loop.round(seq)
+        row.stats.record_round(res.drafted, res.accepted)
+        row.emit(res.tokens, time.perf_counter())
+    return row.stats.num_generated - 1, row.stats.t_end - row.stats.t_first_token, row.stats
+
+
+def run_mlx_lm(lm, prompt, params):
+    sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
+    n, t_first, t_end = 0, None, None
+    for r in stream_generate(lm.target.model, lm.tokenizer, prompt, max_tokens=params.max_tokens, sampler=sampler):
+        n += 1
+        t_end = time.perf_counter()
+        if t_first is None:
+            t_first = t_end
+    return n - 1, t_end - t_first, None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ks", default="1,2,3,4")
+    ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    a = ap.parse_args()
+    lm = load()
+    prompts = [lm.tokenizer.encode(p) for p in load_prompts()[: a.prompts]]
+    ks = [int(x) for x in a.ks.split(",")]
+    greedy = SamplingParams(max_tokens=a.max_tokens, seed=0)
+    hot = SamplingParams(max_tokens=a.max_tokens, temperature=0.8, seed=0)
+    arms = {"plain_greedy": lambda p: run_gmlx(lm, p, greedy, 0),
+            "mlx_lm_greedy": lambda p: run_mlx_lm(lm, p, greedy),
+            "plain_t0.8": lambda p: run_gmlx(lm, p, hot, 0),
+            "spec_t0.8_coupled": lambda p: run_gmlx(lm, p, hot, lm.default_k),
+            "spec_t0.8_greedy_drafts": lambda p: run_gmlx(lm, p, hot, lm.default_k, coupled=False)}
+    for k in ks:
+        arms[f"spec_greedy_k{k}"] = (lambda kk: lambda p: run_gmlx(lm, p, greedy, kk))(k)
+    for p in prompts[:2]:  # warm-up: compile kernels, fill allocator
+        for fn in arms.values():
+            fn(p)
+    per_rep: dict[str, list[dict]] = {name: [] for name in arms}
+    for rep in range(a.repeats):
+        order = list(arms) if rep % 2 == 0 else list(reversed(arms))  # interleave, alternate order
+        for name in order:
+            toks, secs, drafted, accepted = 0, 0.0, 0, 0
+            for p in prompts:
+                n, dt, stats = arms[name](p)
+                toks += n
+                secs += dt
+                if stats is not None:
+                    drafted += stats.num_drafted
+                    accepted += stats.num_accepted
+            per_rep[name].append({"tok_s": toks / secs, "drafted": drafted, "accepted": accepted})
+            print(f"rep {rep} {name:26s} {toks / secs:8.1f} tok/s  acc {accepted / drafted if drafted else 0:.3f}",
+                  flush=True)
+    summary = {}
+    for name, reps in per_rep.items():
+        d = sum(r["drafted"] for r in reps)
+        summary[name] = {"tok_s_median": statistics.median(r["tok_s"] for r in reps),
+                         "draft_acceptance_rate": (sum(r["accepted"] for r in reps) / d) if d else None}
+
+    def ratio(x, y):
+        return statistics.median(rx["tok_s"] / ry["tok_s"] for rx, ry in zip(per_rep[x], per_rep[y]))
+
+    ratios = {f"spec_greedy_k{k}/plain_greedy": ratio(f"spec_greedy_k{k}", "plain_greedy") for k in ks}
+    ratios["spec_t0.8_coupled/plain_t0.8"] = ratio("spec_t0.8_coupled", "plain_t0.8")
+    ratios["spec_t0.8_greedy_drafts/plain_t0.8"] = ratio("spec_t0.8_greedy_drafts", "plain_t0.8")
+    ratios["plain_greedy/mlx_lm_greedy"] = ratio("plain_greedy", "mlx_lm_greedy")
+    result = {"benchmark": "scalar", "command": "python benchmarks/bench_scalar.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "out"),
+        "machine": describe(), "model": str(lm.path), "default_k": lm.default_k,
+        "prompts": a.prompts, "max_tokens": a.max_tokens, "repeats": a.repeats,
+        "summary": summary, "ratios_median_of_repeats": ratios, "per_repeat": per_rep}
+    a.out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    (a.out / f"{stamp}_scalar.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
+    mx.clear_cache()
+
+
+if __name__ == "__main__":
+    main()

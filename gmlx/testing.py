@@ -1,0 +1,91 @@
+"""Test and benchmark helpers shipped with the package: drive the loops without the engine
+thread, compare streams tie-aware (DESIGN §3), and script drafts to force acceptance counts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from gmlx.config import SamplingParams
+from gmlx.models.loading import LoadedModel
+from gmlx.request import Row
+from gmlx.sampling import RowSampling, filter_logprobs, gumbel_noise
+from gmlx.spec.drafter import DraftState, MTPDrafter
+from gmlx.spec.speculative import PlainDecoder, ScalarLoop
+
+
+def make_row(lm: LoadedModel, prompt: list[int], params: SamplingParams, eos_ids=None) -> Row:
+    params = params.validated()
+    eos = lm.eos_ids if eos_ids is None else set(eos_ids)
+    return Row(rid=0, prompt=list(prompt), params=params, eos_ids=frozenset(eos), detokenizer=lm.tokenizer.detokenizer)
+
+
+def run_scalar(lm: LoadedModel, prompt: list[int], params: SamplingParams, *, k: int = 3,
+               speculative: bool = True, eos_ids=None, drafter: MTPDrafter | None = None) -> Row:
+    """Decode one request to the end in this thread, through the scalar loop or plain decode."""
+    row = make_row(lm, prompt, params, eos_ids)
+    if speculative:
+        drafter = drafter or MTPDrafter(lm.head, lm.target)
+    loop = ScalarLoop(lm.target, drafter if speculative else None, k)
+    seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
+    plain = None if speculative else PlainDecoder(lm.target, seq)
+    while not row.is_done:
+        res = plain.round() if plain is not None else loop.round(seq)
+        row.stats.record_round(res.drafted, res.accepted)
+        row.emit(res.tokens, time.perf_counter())
+    return row
+
+
+@dataclass(frozen=True)
+class Comparison:
+    equal: bool  # identical streams
+    tie: bool  # they differ, at a position where the target's top-2 margin is below tolerance
+    position: int | None = None
+    margin: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.equal or self.tie
+
+
+def decision_scores(lm: LoadedModel, context: list[int], params: SamplingParams) -> np.ndarray:
+    """The values the sampler takes the argmax of at the position after `context` (full forward)."""
+    logits, _ = lm.target(mx.array([context], dtype=mx.int32), cache=None)
+    last = logits[:, -1:].astype(mx.float32)  # [1, 1, V]
+    if params.temperature == 0:
+        return np.array(last[0, 0])
+    rs = RowSampling.from_params([params], [params.seed])
+    lp = filter_logprobs(last - mx.logsumexp(last, axis=-1, keepdims=True), rs)
+    noise = gumbel_noise(rs.seeds, mx.array([[len(context)]]), last.shape[-1])
+    return np.array((lp / params.temperature + noise)[0, 0])
+
+
+def compare_streams(lm: LoadedModel, prompt: list[int], ref: list[int], got: list[int],
+                    params: SamplingParams, tol: float = 1e-3) -> Comparison:
+    """Exact comparison, except a divergence where the target's top-2 margin is below `tol`."""
+    if ref == got:
+        return Comparison(equal=True, tie=False)
+    i = next((j for j, (x, y) in enumerate(zip(ref, got)) if x != y), min(len(ref), len(got)))
+    scores = decision_scores(lm, list(prompt) + list(ref[:i]), params.validated())
+    top2 = np.sort(scores[np.isfinite(scores)])[-2:]
+    margin = float(top2[-1] - top2[0]) if top2.size == 2 else float("inf")
+    return Comparison(equal=False, tie=margin < tol, position=i, margin=margin)
+
+
+class ScriptedDrafter(MTPDrafter):
+    """An MTP drafter whose draft *values* follow a script, to force chosen acceptance counts.
+
+    The head still runs (so its cache evolves exactly as in real drafting); only the returned
+    tokens are replaced: `script(first_position, k) -> list[int]` gives the k drafts."""
+
+    def __init__(self, head, target, script):
+        super().__init__(head, target)
+        self.script = script
+
+    def draft(self, st: DraftState, k: int, rs: RowSampling, first_position: int, coupled: bool) -> mx.array:
+        real = super().draft(st, k, rs, first_position, coupled)
+        forced = mx.array([self.script(first_position, k)], dtype=mx.int32)
+        return forced + 0 * real  # keep the head's graph attached to the round's one eval

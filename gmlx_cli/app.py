@@ -1,0 +1,103 @@
+"""The command table and the one error boundary. Commands live in their own modules."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gmlx.errors import GmlxError
+from gmlx_cli import ui
+from gmlx_cli.doctor import doctor
+from gmlx_cli.generate import generate
+
+app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    help="Local speculative generation and benchmarking on MLX.",
+)
+
+
+def train_default(
+    out: Annotated[Path, typer.Option("--out", help="Output model directory (replaced atomically).")],
+    minutes: Annotated[float, typer.Option("--minutes", help="Wall-clock training budget.")] = 90.0,
+) -> None:
+    """Train the embedded default model (a small llama with an MTP head, on the Python stdlib)."""
+    from gmlx.models.train_default import main as train_main  # heavy: only when asked
+
+    train_main(["--out", str(out), "--minutes", str(minutes)])
+
+
+app.command()(generate)
+app.command()(doctor)
+app.command("train-default")(train_default)
+
+
+def _debug_requested(args: Sequence[str]) -> bool:
+    # Read from argv, not from the parsed option: parsing itself may be what fails.
+    opts = args[: list(args).index("--")] if "--" in args else args
+    env = os.environ.get("GMLX_DEBUG", "").strip().lower() in {"1", "true", "on", "yes"}
+    return env or "--debug" in opts
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: run the app; every failure becomes `gmlx: error: <one line>` on stderr.
+
+    Exit codes: 0 ok, 1 GmlxError or internal error, 2 command-line usage error, 130 interrupted.
+    """
+    # Bare `gmlx` shows the help (exit 0) without going through click's NoArgsIsHelpError.
+    args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
+    try:
+        code = _dispatch(args, _debug_requested(args))
+    finally:
+        # Workaround (engine): a closed Engine sits in a reference cycle; if its MLX arrays are
+        # only freed at interpreter shutdown the process aborts ("terminate called without an
+        # active exception", exit 134). Collect while MLX is still alive, on every exit path.
+        gc.collect()
+    raise SystemExit(code)
+
+
+def _dispatch(args: list[str], debug: bool) -> int:
+    """The error boundary: the only place exceptions become messages and exit codes."""
+    try:
+        # standalone_mode=False: typer hands us its exceptions instead of printing rich panels.
+        rv = app(args=args, prog_name=ui.PROG, standalone_mode=False)
+        return rv if isinstance(rv, int) else 0  # an int is an Exit code (--help, typer.Exit)
+    except GmlxError as e:
+        return _fail(str(e), debug)
+    except typer.TyperException as e:  # usage errors from typer's vendored click: bad option, no PROMPT
+        ctx = getattr(e, "ctx", None)
+        where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        return _fail(e.format_message() + where, debug, exit_code=e.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        ui.error("interrupted")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`gmlx generate ... | head`): stay quiet, like other Unix tools;
+        # point stdout at /dev/null so the interpreter's final flush does not complain either.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except Exception as e:  # a bug: one line by default, the traceback on request
+        hint = "" if debug else " (rerun with --debug for the traceback)"
+        return _fail(f"internal error: {type(e).__name__}: {e}{hint}", debug)
+
+
+def _fail(message: str, debug: bool, exit_code: int = 1) -> int:
+    if debug:
+        traceback.print_exc()
+    ui.error(message)
+    return exit_code
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""`gmlx generate`: parse -> build config -> call the engine -> render. Nothing else lives here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from gmlx import blas
+from gmlx.config import EngineConfig, SamplingParams
+from gmlx.engine import Engine
+from gmlx.errors import GmlxError, InvalidRequest
+from gmlx.models.loading import LoadedModel, load
+from gmlx.stream import FinalRecord
+from gmlx_cli import ui
+from gmlx_cli.options import (
+    SAMPLING_DEFAULTS as D,
+    DebugOpt,
+    JsonOpt,
+    MaxTokensOpt,
+    MinPOpt,
+    ModelOpt,
+    NumDraftOpt,
+    PromptArg,
+    SeedOpt,
+    SpeculativeOpt,
+    StopOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+)
+
+
+class GenerationError(GmlxError):
+    """The engine finished the request with an error (reported in its FinalRecord)."""
+
+
+def _load_model(path: Path | None) -> LoadedModel:
+    """The one place commands load a model; tests patch it to reuse a loaded model."""
+    return load(path)
+
+
+def read_prompt(prompt: str) -> str:
+    """`-` means stdin. Checked here, before the (slow) model load."""
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if text == "":
+        raise InvalidRequest("the prompt is empty" + (" (nothing on stdin)" if prompt == "-" else ""))
+    return text
+
+
+def generate(
+    prompt: PromptArg,
+    model: ModelOpt = None,
+    max_tokens: MaxTokensOpt = D.max_tokens,
+    temp: TempOpt = D.temperature,
+    top_p: TopPOpt = D.top_p,
+    top_k: TopKOpt = D.top_k,
+    min_p: MinPOpt = D.min_p,
+    seed: SeedOpt = None,
+    stop: StopOpt = None,
+    num_draft_tokens: NumDraftOpt = None,
+    speculative: SpeculativeOpt = None,
+    verbose: VerboseOpt = False,
+    json_output: JsonOpt = False,
+    debug: DebugOpt = False,  # noqa: ARG001 - consumed by the error boundary from argv
+) -> None:
+    """Generate text from PROMPT, streaming it to stdout; statistics go to stderr.
+
+    Speculates with the model's MTP head when it has one. The output depends only on the model, the prompt, the sampling options and the seed: [bold]--no-speculative[/bold] gives the same tokens.
+    """
+    blas.warn_if_reference()
+    text = read_prompt(prompt)
+    # Validate everything cheap before loading the model: a typo should not cost a load.
+    params = SamplingParams(
+        temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens, seed=seed,
+        stop=tuple(stop or ()),
+    ).validated()
+    config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens).validated()
+    lm = _load_model(model)
+    # The engine checks prompt length against the context itself; transformers' tokenizer would
+    # add a second, misleading "will result in indexing errors" line. Set after the load, which
+    # is what configures transformers' logger.
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    if speculative is None and not lm.has_drafter:
+        ui.notice(f"{lm.name} has no MTP head; decoding without speculation")
+    record, k = _run(Engine(lm, config), text, params, stream_text=not json_output)
+    if record.error:
+        if not json_output and record.text:
+            sys.stdout.write("\n")
+        raise GenerationError(f"generation failed: {record.error}")
+    if json_output:
+        sys.stdout.write(json.dumps(as_json(record, lm, k)) + "\n")
+    else:
+        if record.text and not record.text.endswith("\n"):
+            sys.stdout.write("\n")
+        render_stats(record, lm, k, verbose=verbose)
+    sys.stdout.flush()
+
+
+def _run(engine: Engine, text: str, params: SamplingParams, *, stream_text: bool) -> tuple[FinalRecord, int]:
+    """Submit one request, stream its text, close the engine; returns the record and the K used."""
+    try:
+        stream = engine.submit(text, params)
+        try:
+            for piece in stream:
+                if stream_text and piece.text:
+                    sys.stdout.write(piece.text)
+                    sys.stdout.flush()  # stream as produced, also when piped
+        except BaseException:  # Ctrl-C, broken pipe: free the row at the next boundary
+            stream.cancel()
+            raise
+        return stream.result, engine.k
+    finally:
+        engine.close()
+
+
+def as_json(record: FinalRecord, lm: LoadedModel, k: int) -> dict:
+    """One object per request. Stats keep vLLM's names; the prompt's length is `num_prompt_tokens`
+    because `prompt_tokens` holds the ids."""
+    stats = dict(record.stats)
+    num_prompt = stats.pop("prompt_tokens", len(record.prompt_tokens))
+    return {
+        "text": record.text,
+        "tokens": list(record.tokens),
+        "prompt_tokens": list(record.prompt_tokens),
+        "finish_reason": record.finish_reason,
+        "seed": record.seed,
+        "model": lm.name,
+        "model_path": str(lm.path),
+        "speculative": record.speculative,
+        "num_draft_tokens": k if record.speculative else None,
+        "num_prompt_tokens": num_prompt,
+        **stats,
+    }
+
+
+def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool) -> None:
+    s = record.stats
+    ttft = s.get("ttft_s")
+    rows = [
+        ("prompt", f"{s.get('prompt_tokens', len(record.prompt_tokens))} tokens"),
+        ("TTFT", "n/a" if ttft is None else f"{ttft * 1000:.1f} ms"),
+        ("generation", f"{len(record.tokens)} tokens, {s.get('tokens_per_s', 0.0):.1f} tokens/s"),
+    ]
+    if record.speculative:
+        rows += [
+            ("acceptance rate",
+             f"{s.get('draft_acceptance_rate', 0.0):.1%} ({s.get('num_accepted', 0)}/{s.get('num_drafted', 0)} drafts)"),
+            ("mean acceptance length", f"{s.get('mean_acceptance_length', 0.0):.2f} tokens/round"),
+            ("rounds", str(s.get("num_rounds", 0))),
+        ]
+    else:
+        rows.append(("speculation", "off"))
+    if verbose:
+        rows += [
+            ("model", f"{lm.name} ({lm.path})"),
+            ("BLAS", blas.active_blas()),
+            ("K (num_draft_tokens)", str(k) if record.speculative else "-"),
+            ("mlx / mlx-lm", f"{ui.version_of('mlx')} / {ui.version_of('mlx-lm')}"),
+            ("seed", str(record.seed)),
+            ("finish reason", record.finish_reason),
+        ]
+    print("==========", file=sys.stderr)
+    ui.kv_block(rows, file=sys.stderr)

@@ -1,0 +1,23 @@
+import os
+
+import gmlx  # noqa: F401  (loads OpenBLAS before mlx)
+import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=100, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def lm():
+    from gmlx.models.loading import load
+
+    return load(os.environ.get("GMLX_TEST_MODEL") or None)
+
+
+@pytest.fixture(scope="session")
+def prompts(lm):
+    from gmlx.data import load_prompts
+
+    return [lm.tokenizer.encode(p) for p in load_prompts()]

@@ -1,0 +1,170 @@
+"""The scalar loop against its oracles: plain decode, mlx-lm's generate_step, cache states."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.generate import generate_step
+
+from gmlx.config import SamplingParams
+from gmlx.testing import ScriptedDrafter, compare_streams, run_scalar
+
+N_PROMPTS = 20
+N_TOKENS = 64
+
+
+def mlx_lm_greedy(lm, prompt, n, eos):
+    out = []
+    for tok, _ in generate_step(mx.array(prompt), lm.target.model, max_tokens=n):
+        if tok in eos:
+            break
+        out.append(tok)
+    return out
+
+
+def test_greedy_speculative_equals_plain_equals_mlx_lm(lm, prompts):
+    params = SamplingParams(max_tokens=N_TOKENS, temperature=0.0, seed=0)
+    ties = 0
+    drafted = 0
+    for prompt in prompts[:N_PROMPTS]:
+        spec = run_scalar(lm, prompt, params, k=3)
+        plain = run_scalar(lm, prompt, params, speculative=False)
+        ref = mlx_lm_greedy(lm, prompt, N_TOKENS, lm.eos_ids)
+        c1 = compare_streams(lm, prompt, plain.tokens, spec.tokens, params)
+        c2 = compare_streams(lm, prompt, ref, plain.tokens, params)
+        assert c1.ok, (c1, plain.tokens, spec.tokens)
+        assert c2.ok, (c2, ref, plain.tokens)
+        ties += (not c1.equal) + (not c2.equal)
+        drafted += spec.stats.num_drafted
+    assert drafted > 0  # speculation really ran
+    assert ties <= 2, f"{ties} tie divergences in {N_PROMPTS} prompts"
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_greedy_other_k(lm, prompts, k):
+    params = SamplingParams(max_tokens=32, seed=0)
+    for prompt in prompts[:3]:
+        spec = run_scalar(lm, prompt, params, k=k)
+        plain = run_scalar(lm, prompt, params, speculative=False)
+        assert compare_streams(lm, prompt, plain.tokens, spec.tokens, params).ok
+
+
+def test_seeded_sampling_speculative_equals_plain(lm, prompts):
+    for seed in (1, 2, 3):
+        params = SamplingParams(max_tokens=48, temperature=0.8, top_p=0.95, seed=seed)
+        for prompt in prompts[:4]:
+            spec = run_scalar(lm, prompt, params, k=3)
+            plain = run_scalar(lm, prompt, params, speculative=False)
+            assert compare_streams(lm, prompt, plain.tokens, spec.tokens, params).ok, (seed, prompt)
+
+
+def test_different_seeds_give_different_streams(lm, prompts):
+    streams = {tuple(run_scalar(lm, prompts[0], SamplingParams(max_tokens=24, temperature=1.0, seed=s)).tokens)
+               for s in range(4)}
+    assert len(streams) >= 3
+
+
+def test_filters_hold_in_speculation(lm, prompts):
+    for params in (SamplingParams(max_tokens=32, temperature=0.7, top_k=5, seed=4),
+                   SamplingParams(max_tokens=32, temperature=1.2, min_p=0.1, seed=5)):
+        spec = run_scalar(lm, prompts[1], params, k=3)
+        plain = run_scalar(lm, prompts[1], params, speculative=False)
+        assert compare_streams(lm, prompts[1], plain.tokens, spec.tokens, params).ok
+
+
+def test_one_token_prompt(lm):
+    params = SamplingParams(max_tokens=16, seed=0)
+    prompt = lm.tokenizer.encode("def")[:1]
+    spec = run_scalar(lm, prompt, params, k=3)
+    plain = run_scalar(lm, prompt, params, speculative=False)
+    assert compare_streams(lm, prompt, plain.tokens, spec.tokens, params).ok
+    assert spec.stats.num_drafted > 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 9])
+def test_budget_is_exact(lm, prompts, max_tokens):
+    params = SamplingParams(max_tokens=max_tokens, seed=0)
+    spec = run_scalar(lm, prompts[2], params, k=4, eos_ids=set())
+    plain = run_scalar(lm, prompts[2], params, speculative=False, eos_ids=set())
+    assert len(spec.tokens) == max_tokens and spec.finish_reason == "length"
+    assert spec.tokens == plain.tokens
+
+
+def test_eos_mid_round_cuts_exactly(lm, prompts):
+    params = SamplingParams(max_tokens=40, seed=0)
+    ref = run_scalar(lm, prompts[3], params, speculative=False, eos_ids=set()).tokens
+    for cut in (3, 7, 12):
+        eos = {ref[cut]}
+        first = ref.index(ref[cut])
+        spec = run_scalar(lm, prompts[3], params, k=3, eos_ids=eos)
+        assert spec.tokens == ref[:first] and spec.finish_reason == "stop"
+
+
+def test_stop_string_mid_round(lm, prompts):
+    params = SamplingParams(max_tokens=48, seed=0)
+    plain = run_scalar(lm, prompts[4], params, speculative=False, eos_ids=set())
+    text = plain.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    assert stop.strip(), "fixture text too short"
+    p2 = SamplingParams(max_tokens=48, seed=0, stop=(stop,))
+    spec = run_scalar(lm, prompts[4], p2, k=3, eos_ids=set())
+    ref = run_scalar(lm, prompts[4], p2, speculative=False, eos_ids=set())
+    assert spec.finish_reason == "stop"
+    assert spec.text == text[: text.find(stop)]
+    assert spec.tokens == ref.tokens and spec.text == ref.text
+    assert stop not in spec.text
+
+
+def _plain_caches(lm, tokens):
+    cache = lm.target.make_cache()
+    _, hidden = lm.target(mx.array([tokens], dtype=mx.int32), cache)
+    return cache, hidden
+
+
+@pytest.mark.parametrize("accept", [0, 1, 2, 3])
+def test_rollback_restores_caches(lm, prompts, accept):
+    """Force `accept` accepted drafts per round; after each round the target cache and the head
+    cache hold exactly what a plain run over the same tokens gives."""
+    k = 3
+    prompt = prompts[5]
+    params = SamplingParams(max_tokens=20, seed=0)
+    ref = run_scalar(lm, prompt, params, speculative=False, eos_ids=set()).tokens
+    full = list(prompt) + ref
+
+    def script(first_position, kk):
+        good = full[first_position : first_position + kk]
+        return [t if j < accept else (t + 1) % lm.target.vocab_size for j, t in enumerate(good)]
+
+    from gmlx.sampling import RowSampling
+    from gmlx.spec.speculative import ScalarLoop
+    from gmlx.testing import make_row
+
+    row = make_row(lm, prompt, params, eos_ids=set())
+    drafter = ScriptedDrafter(lm.head, lm.target, script)
+    loop = ScalarLoop(lm.target, drafter, k)
+    seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
+    import time
+
+    while not row.is_done:
+        res = loop.round(seq)
+        row.emit(res.tokens, time.perf_counter())
+        if row.is_done:
+            break
+        if res.drafted == k:
+            assert res.accepted == accept
+        seqlen = len(prompt) + len(row.tokens)
+        ref_cache, ref_hidden = _plain_caches(lm, full[: seqlen - 1])
+        for c, rc in zip(seq.cache, ref_cache):
+            assert c.offset == rc.offset == seqlen - 1  # pending bonus: its KV is not cached
+            np.testing.assert_allclose(np.array(c.keys[..., : c.offset, :]), np.array(rc.keys[..., : rc.offset, :]),
+                                       atol=1e-4)
+        hc = seq.draft.cache
+        if hc.offset:
+            from mlx_lm.models.cache import KVCache
+
+            ref_h = KVCache()
+            embed, norm = lm.target.embed_tokens, lm.target.final_norm
+            toks = mx.array([full[1 : hc.offset + 1]], dtype=mx.int32)
+            lm.head(embed(toks), ref_hidden[:, : hc.offset], norm, cache=ref_h)
+            np.testing.assert_allclose(np.array(hc.keys[..., : hc.offset, :]), np.array(ref_h.keys[..., : hc.offset, :]),
+                                       atol=1e-4)
+    assert row.tokens == ref
