@@ -47,6 +47,13 @@ def _debug_requested(args: Sequence[str]) -> bool:
     return env or "--debug" in opts
 
 
+def release_mlx_thread() -> None:
+    import mlx.core as mx
+
+    mx.synchronize()
+    mx.clear_streams()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run the app; every failure becomes `gmlx: error: <one line>` on stderr.
 
@@ -57,10 +64,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = _dispatch(args, _debug_requested(args))
     finally:
-        # Workaround (engine): a closed Engine sits in a reference cycle; if its MLX arrays are
-        # only freed at interpreter shutdown the process aborts ("terminate called without an
-        # active exception", exit 134). Collect while MLX is still alive, on every exit path.
+        # MLX requires every thread that used it, the main thread included, to destroy its
+        # streams before the interpreter finalises (mlx#4327); the engine thread does so itself.
         gc.collect()
+        release_mlx_thread()
     raise SystemExit(code)
 
 
