@@ -1,8 +1,9 @@
-"""The engine: owns the model, the decode loops, the request queue and the streams.
+"""The engine: owns the model, the two decode loops, the injection queue and the streams.
 
 All MLX work happens in one engine thread (or in the caller's thread when it drives `step()`
 itself, as tests do). `submit()` validates a request completely before touching any state,
-then queues it; the engine admits queued requests between rounds.
+then queues it; requests join between rounds. `spec/admission.py` decides each step's
+transition and round; `_apply` and `_round` carry them out.
 """
 
 from __future__ import annotations
@@ -14,19 +15,23 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 
-from gmlx.config import EngineConfig, SamplingParams, Switches
-from gmlx.errors import EngineClosed, InvalidRequest, NoDrafterError, Overloaded
+from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
+from gmlx.errors import EngineClosed, NoDrafterError, Overloaded
+from gmlx.intake import make_row
 from gmlx.metrics import Counters, Event, EventKind
 from gmlx.models.loading import LoadedModel, load
-from gmlx.request import Row, RowState
+from gmlx.request import Row, RowState, transition
 from gmlx.sampling import RowSampling
+from gmlx.spec import admission
+from gmlx.spec.admission import Mode, Round
+from gmlx.spec.batch import BatchLoop
 from gmlx.spec.drafter import MTPDrafter
-from gmlx.spec.speculative import PlainDecoder, ScalarLoop, ScalarSeq
+from gmlx.spec.speculative import PlainDecoder, RoundResult, ScalarLoop, ScalarSeq, prefill_row
 from gmlx.stream import FinalRecord, Stream
-
 
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
@@ -45,64 +50,40 @@ class Engine:
         self.switches = switches if switches is not None else Switches.from_env()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
         if self.config.speculative and not self.lm.has_drafter:
-            raise NoDrafterError(
-                f"{self.lm.name} has no MTP head (no mtp_config.json / mtp_head.safetensors); run without"
-                " speculation (--no-speculative)"
-            )
+            raise NoDrafterError(f"{self.lm.name} has no MTP head (no mtp_config.json / mtp_head.safetensors);"
+                                 " run without speculation (--no-speculative)")
         self.speculative = self.lm.has_drafter if self.config.speculative is None else self.config.speculative
         self.k = self.config.num_draft_tokens or self.lm.default_k
         drafter = MTPDrafter(self.lm.head, self.lm.target) if self.speculative else None
         self.scalar = ScalarLoop(self.lm.target, drafter, self.k, self.config.prefill_step_size)
+        self.batch = BatchLoop(self.lm.target, self.lm.head if self.speculative else None, self.k)
+        self.mode = Mode.IDLE
         self.counters = Counters()
+        self.listeners: list[Callable[[Event], None]] = []
+        self._seq: ScalarSeq | None = None
+        self._plain: PlainDecoder | None = None
+        self._streams: dict[int, Stream] = {}
         self._ids = itertools.count()
-        self._queue: collections.deque[tuple[Row, Stream]] = collections.deque()
+        self._queue: collections.deque[Row] = collections.deque()
         self._lock = threading.Condition()
-        self._active: tuple[ScalarSeq, Stream, PlainDecoder | None] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         _LIVE.add(self)
 
     # ---- caller side -------------------------------------------------------------------
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if prompt == "":
-                raise InvalidRequest("the prompt is empty")
-            return list(self.lm.tokenizer.encode(prompt, add_special_tokens=True))
-        ids = [int(t) for t in prompt]
-        if not ids:
-            raise InvalidRequest("the prompt is empty")
-        vocab = self.lm.target.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        return ids
-
-    def make_row(self, prompt: str | list[int], params: SamplingParams | None = None) -> Row:
-        """Validate a request completely; no engine state changes."""
-        params = (params or SamplingParams()).validated()
-        ids = self.tokenize(prompt)
-        ctx = self.lm.context_length
-        if ctx is not None and len(ids) >= ctx:
-            raise InvalidRequest(f"the prompt has {len(ids)} tokens; the model's context is {ctx} tokens")
-        if ctx is not None and len(ids) + params.max_tokens > ctx:
-            raise InvalidRequest(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of"
-                f" {ctx} tokens; lower max_tokens to at most {ctx - len(ids)}"
-            )
-        return Row(rid=-1, prompt=ids, params=params, eos_ids=frozenset(self.lm.eos_ids),
-                   detokenizer=self.lm.tokenizer.detokenizer)
-
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None, *, start: bool = True) -> Stream:
         """Queue a request (thread-safe); returns its stream. Raises GmlxError on bad input."""
-        row = self.make_row(prompt, params)
+        row = make_row(self.lm, prompt, params)
         with self._lock:
             if self._closed:
                 raise EngineClosed("the engine is closed; create a new Engine")
             if len(self._queue) >= self.config.max_queued:
-                raise Overloaded(f"{len(self._queue)} requests are queued (max_queued={self.config.max_queued})")
+                raise Overloaded(f"{len(self._queue)} requests are queued (max_queued={self.config.max_queued});"
+                                 " retry later or raise EngineConfig.max_queued")
             row.rid = next(self._ids)
             stream = Stream(row.rid, row.seed)
-            self._queue.append((row, stream))
+            self._streams[row.rid] = stream
+            self._queue.append(row)
             self._lock.notify_all()
         if start:
             self._ensure_thread()
@@ -119,22 +100,21 @@ class Engine:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        for row, stream in list(self._queue):
-            row.finish("cancelled", time.perf_counter())
-            self._finish(row, stream)
+        now = time.perf_counter()
+        for row in self._live_rows() + list(self._queue):
+            row.finish("cancelled", now)
+            self._deliver_final(row)
         self._queue.clear()
-        if self._active is not None:
-            seq, stream, _ = self._active
-            seq.row.finish("cancelled", time.perf_counter())
-            self._finish(seq.row, stream)
-            self._active = None
+        self._seq = self._plain = None
+        self.batch.filter([])
+        self.mode = Mode.IDLE
 
-    # ---- engine side -------------------------------------------------------------------
+    # ---- engine thread -----------------------------------------------------------------
     def _ensure_thread(self) -> None:
         with self._lock:
-            if self._thread is None:
+            if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="gmlx-engine", daemon=True)
                 self._thread.start()
 
@@ -142,84 +122,197 @@ class Engine:
         try:
             while True:
                 with self._lock:
-                    while not self._closed and not self._queue and self._active is None:
+                    while not self._closed and not self._queue and self.mode is Mode.IDLE:
                         self._lock.wait()
                     if self._closed:
                         return
                 try:
                     self.step()
-                except Exception as e:  # a fault ends the request being served, never the engine
-                    self._fail_active(e)
+                except Exception as e:  # a fault ends the requests being served, never the engine
+                    self._fail_live(e)
         finally:
             # MLX requires each thread to destroy its streams before it ends, or the process may
             # abort at exit ("terminate called without an active exception"; mlx#3126, #4327).
             mx.synchronize()
             mx.clear_streams()
 
-    def _fail_active(self, exc: Exception) -> None:
-        if self._active is None:
-            raise exc
-        seq, stream, _ = self._active
-        self._active = None
-        seq.row.finish("error", time.perf_counter())
-        self._finish(seq.row, stream, error=f"{type(exc).__name__}: {exc}")
+    def _fail_live(self, exc: Exception) -> None:
+        now = time.perf_counter()
+        for row in self._live_rows():
+            row.finish("error", now)
+            self._deliver_final(row, error=f"{type(exc).__name__}: {exc}")
+        self._seq = self._plain = None
+        self.batch = BatchLoop(self.lm.target, self.batch.head, self.k)
+        self.mode = Mode.IDLE
 
+    # ---- one step ----------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return self._active is not None or bool(self._queue)
+        return self.mode is not Mode.IDLE or bool(self._queue)
 
     def step(self) -> list[Event]:
-        """One round: admit a request when idle, run one round, deliver, finish."""
-        if self._active is None and not self._admit():
-            return []
-        seq, stream, plain = self._active
-        if stream.cancelled:
-            seq.row.finish("cancelled", time.perf_counter())
-            return self._complete()
-        t0 = time.perf_counter()
-        res = plain.round() if plain is not None else self.scalar.round(seq)
-        now = time.perf_counter()
-        seq.row.stats.record_round(res.drafted, res.accepted)
-        pieces = seq.row.emit(res.tokens, now)
-        stream._put(pieces)
-        self.counters.rounds += 1
-        self.counters.syncs += 1
-        self.counters.tokens += sum(p.token >= 0 for p in pieces)
-        self.counters.drafted += res.drafted
-        self.counters.accepted += res.accepted
-        mode = "plain" if plain is not None else "scalar"
-        events = [Event(EventKind.ROUND, mode, 1, now - t0, ((seq.row.rid, res.drafted, res.accepted, len(pieces)),))]
-        if seq.row.is_done:
-            events += self._complete()
+        """One round: reap cancellations, plan, apply the transition, run the round, retire."""
+        self._reap_cancelled()
+        plan = admission.plan(self._view())
+        events = self._apply(plan)
+        events += self._round(plan.round)
+        events += self._retire_finished()
+        for ev in events:
+            for fn in self.listeners:
+                fn(ev)
         return events
 
-    def _admit(self) -> bool:
+    def cap(self) -> int | None:
+        """The width cap in force this round: CLI flag > GMLX_MTP_WIDTH_CAP (re-read) > model default."""
+        if self.config.width_cap is not None:
+            return self.config.width_cap
+        env = parse_cap_env()  # re-read every round, so a live change takes effect at the next round
+        if env is not None:
+            return env
+        return self.lm.default_cap if self.lm.default_cap is not None else 0
+
+    def _view(self) -> admission.View:
+        live = self._live_rows()
         with self._lock:
-            if not self._queue:
-                return False
-            row, stream = self._queue.popleft()
-        if stream.cancelled:
-            row.finish("cancelled", time.perf_counter())
-            self._finish(row, stream)
-            return False
-        row.state = RowState.SCALAR
-        row.stats.prompt_tokens = len(row.prompt)
-        rs = RowSampling.from_params([row.params], [row.seed])
-        seq = self.scalar.start(row, rs)
-        plain = None if self.speculative else PlainDecoder(self.lm.target, seq)
-        self._active = (seq, stream, plain)
-        return True
+            queued = len(self._queue)
+        return admission.View(
+            mode=self.mode, width=len(live), queued=queued, cap=self.cap(), speculative=self.speculative,
+            preempt=self.switches.preempt, resume=self.switches.resume, lookahead=self.batch.lookahead is not None,
+            scalar_lookahead=self._plain is not None and self._plain.in_flight,
+            min_remaining=min((r.remaining for r in live), default=0),
+            resume_min_remaining=self.config.resume_min_remaining)
 
-    def _complete(self) -> list[Event]:
-        seq, stream, _ = self._active
-        self._active = None
-        self._finish(seq.row, stream)
-        return [Event(EventKind.FINISH, "scalar", 1, rid=seq.row.rid, stats=seq.row.stats.as_dict())]
+    def _live_rows(self) -> list[Row]:
+        if self.mode is Mode.SCALAR and self._seq is not None:
+            return [self._seq.row]
+        return list(self.batch.rows)
 
-    def _finish(self, row: Row, stream: Stream, error: str | None = None) -> None:
-        row.state = RowState.DONE
+    def _pop(self, n: int) -> list[Row]:
+        with self._lock:
+            return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+
+    def _apply(self, plan: admission.Plan) -> list[Event]:
+        events = []
+        if plan.transition is not None:
+            events.append(self._transition_event(plan.transition, plan.reason))
+        if plan.transition in ("preempt", "form_batch") and self.speculative and plan.round is Round.PLAIN:
+            events.append(self._transition_event("gate", plan.reason))  # the new batch starts over the cap
+        if plan.transition == "start_scalar":
+            row = self._pop(1)[0]
+            transition(row, RowState.SCALAR)
+            self._seq = self.scalar.start(row, RowSampling.from_params([row.params], [row.seed]))
+            self._plain = None if self.speculative else PlainDecoder(self.lm.target, self._seq)
+            self.mode = Mode.SCALAR
+        elif plan.transition == "preempt":
+            self._preempt()
+        elif plan.transition == "gate":
+            self.batch.disarm()
+            self.mode = Mode.GATED
+            for r in self.batch.rows:
+                transition(r, RowState.GATED)
+        elif plan.transition == "form_batch":
+            self.mode = Mode.BATCHED if plan.arm_newcomers else Mode.GATED
+        if plan.admit:
+            self._admit(self._pop(plan.admit), plan.arm_newcomers)
+        return events
+
+    def _preempt(self) -> None:
+        """Move the scalar request into an unarmed batch; its round's tokens are all delivered
+        already (rounds are atomic here), so it restarts from its bonus with its real count."""
+        seq = self._seq
+        seq.row.preempted = True
+        transition(seq.row, RowState.GATED)
+        self.batch.add([seq.row], [seq.cache], [None], arm=False)
+        self._seq = self._plain = None
+        self.mode = Mode.GATED
+
+    def _admit(self, rows: list[Row], arm: bool) -> None:
+        caches, hiddens = [], []
+        for row in rows:
+            row.stats.prompt_tokens = len(row.prompt)
+            cache, hidden = prefill_row(self.lm.target, row, self.config.prefill_step_size, want_hidden=arm)
+            caches.append(cache)
+            hiddens.append(hidden)
+            transition(row, RowState.BATCHED if arm else RowState.GATED)
+        self.batch.add(rows, caches, hiddens, arm=arm)
+
+    def _round(self, kind: Round) -> list[Event]:
+        if kind is Round.NONE:
+            return []
+        t0 = time.perf_counter()
+        if kind is Round.SCALAR:
+            rows = [self._seq.row]
+            results = [self._plain.round() if self._plain is not None else self.scalar.round(self._seq)]
+        else:
+            rows = list(self.batch.rows)
+            if kind is Round.SPECULATIVE:
+                results = self.batch.speculative_round()
+            elif kind is Round.CAPTURE:
+                results = self.batch.capture_round()
+                self.mode = Mode.BATCHED
+                for r in rows:
+                    transition(r, RowState.BATCHED)
+            else:
+                results = self.batch.plain_round(successor=kind is Round.PLAIN)
+        now = time.perf_counter()
+        per_row = tuple(self._deliver(row, res, now) for row, res in zip(rows, results))
+        self.counters.rounds += 1
+        self.counters.syncs += 1
+        events = [Event(EventKind.ROUND, kind.value, len(rows), now - t0, per_row)]
+        if kind is Round.CAPTURE:
+            events.append(self._transition_event("capture", f"width {len(rows)}"))
+        return events
+
+    def _deliver(self, row: Row, res: RoundResult, now: float) -> tuple:
+        row.stats.record_round(res.drafted, res.accepted)
+        pieces = row.emit(res.tokens, now)
+        self._streams[row.rid]._put(pieces)
+        n = sum(p.token >= 0 for p in pieces)
+        self.counters.tokens += n
+        self.counters.drafted += res.drafted
+        self.counters.accepted += res.accepted
+        return (row.rid, res.drafted, res.accepted, n)
+
+    def _transition_event(self, kind: str, reason: str) -> Event:
+        if kind in self.counters.transitions:
+            self.counters.transitions[kind] += 1
+        return Event(EventKind.TRANSITION, self.mode.value, len(self._live_rows()), transition=kind, reason=reason)
+
+    def _reap_cancelled(self) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            gone = [r for r in self._queue if self._streams[r.rid].cancelled]
+            for r in gone:
+                self._queue.remove(r)
+        for r in gone + [r for r in self._live_rows() if self._streams[r.rid].cancelled]:
+            r.finish("cancelled", now)
+            if r.state is RowState.QUEUED:
+                self._deliver_final(r)
+
+    def _retire_finished(self) -> list[Event]:
+        live = self._live_rows()
+        done = [r for r in live if r.is_done]
+        if not done:
+            return []
+        events = []
+        for r in done:
+            self._deliver_final(r)
+            events.append(Event(EventKind.FINISH, self.mode.value, len(live), rid=r.rid, stats=r.stats.as_dict()))
+        if self.mode is Mode.SCALAR:
+            self._seq = self._plain = None
+        else:
+            self.batch.filter([i for i, r in enumerate(self.batch.rows) if not r.is_done])
+        if not self._live_rows():
+            self.mode = Mode.IDLE
+        return events
+
+    def _deliver_final(self, row: Row, error: str | None = None) -> None:
+        if row.state is not RowState.DONE:
+            transition(row, RowState.DONE)
+        stream = self._streams.pop(row.rid, None)
+        if stream is None:
+            return
         stream._finish(FinalRecord(
             request_id=row.rid, prompt_tokens=list(row.prompt), tokens=list(row.tokens), text=row.text,
             finish_reason=row.finish_reason or "cancelled", seed=row.seed, speculative=self.speculative,
-            stats=row.stats.as_dict(), error=error,
-        ))
+            stats=row.stats.as_dict(), error=error))

@@ -24,6 +24,23 @@ class RowState(Enum):
     DONE = "done"
 
 
+ALLOWED: dict[RowState, frozenset[RowState]] = {
+    RowState.QUEUED: frozenset({RowState.SCALAR, RowState.BATCHED, RowState.GATED, RowState.DONE}),
+    RowState.SCALAR: frozenset({RowState.BATCHED, RowState.GATED, RowState.DONE}),
+    RowState.BATCHED: frozenset({RowState.GATED, RowState.DONE}),
+    RowState.GATED: frozenset({RowState.BATCHED, RowState.DONE}),
+    RowState.DONE: frozenset(),
+}
+
+
+def transition(row: "Row", dst: RowState) -> None:
+    """The only place a row's state changes; illegal moves are bugs."""
+    if dst is row.state:
+        return
+    assert dst in ALLOWED[row.state], f"row {row.rid}: {row.state.value} -> {dst.value} is not allowed"
+    row.state = dst
+
+
 @dataclass(frozen=True, slots=True)
 class Piece:
     """One emitted token and the text it completes (may be empty while bytes are pending)."""
@@ -44,6 +61,7 @@ class Row:
     finish_reason: str | None = None
     text: str = ""
     sent_chars: int = 0
+    preempted: bool = False  # moved from the scalar loop: batch semantics to the end, no retirement
     stats: RequestStats = field(default_factory=RequestStats)
 
     @property

@@ -66,6 +66,15 @@ def prefill(target: Target, cache: list, tokens: list[int], step: int, want_hidd
     return hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
 
 
+def prefill_row(target: Target, row: Row, step: int, want_hidden: bool) -> tuple[list, mx.array | None]:
+    """A fresh single-sequence cache holding x_0..x_{m-2} (the last prompt token is the pending
+    bonus), and the hidden states of those positions when a drafter will be teacher-forced."""
+    cache = target.make_cache()
+    body = row.prompt[:-1]
+    row.stats.prefill_tokens = len(body)
+    return cache, prefill(target, cache, body, step, want_hidden)
+
+
 @dataclass(slots=True)
 class ScalarSeq:
     """The scalar loop's state for its one request."""
@@ -93,11 +102,7 @@ class ScalarLoop:
 
     def start(self, row: Row, rs: RowSampling) -> ScalarSeq:
         """Prefill x_0..x_{m-2} and queue the head's teacher forcing on the prompt."""
-        cache = self.target.make_cache()
-        body = row.prompt[:-1]
-        row.stats.prefill_tokens = len(body)
-        want_hidden = self.drafter is not None
-        hidden = prefill(self.target, cache, body, self.prefill_step, want_hidden)
+        cache, hidden = prefill_row(self.target, row, self.prefill_step, want_hidden=self.drafter is not None)
         draft = None
         if self.drafter is not None:
             draft = self.drafter.new_state()
@@ -157,9 +162,14 @@ class PlainDecoder:
         logits = self.target.logits(y, self.seq.cache)[:, -1:]  # [1, 1, V]
         return sample(logits, self.seq.rs, positions(pos, 1))  # [1, 1]
 
-    def round(self) -> RoundResult:
-        cur = self.next
-        if self.seq.row.remaining > 1:
+    @property
+    def in_flight(self) -> bool:
+        return self.next is not None
+
+    def round(self, successor: bool = True) -> RoundResult:
+        cur = self.next if self.next is not None else self._step(mx.array([[self.seq.bonus]], dtype=mx.int32), self.pos)
+        self.next = None
+        if successor and self.seq.row.remaining > 1:
             self.next = self._step(cur, self.pos + 1)
             mx.async_eval(self.next)
         tok = cur.item()  # sync: read this step's token while the next one computes

@@ -1,0 +1,41 @@
+"""Validate a request at the API boundary, before any engine state changes."""
+
+from __future__ import annotations
+
+from gmlx.config import SamplingParams
+from gmlx.errors import InvalidRequest
+from gmlx.models.loading import LoadedModel
+from gmlx.request import Row
+
+
+def tokenize(lm: LoadedModel, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        if prompt == "":
+            raise InvalidRequest("the prompt is empty")
+        return list(lm.tokenizer.encode(prompt, add_special_tokens=True))
+    try:
+        ids = [int(t) for t in prompt]
+    except (TypeError, ValueError):
+        raise InvalidRequest("a prompt must be a string or a list of token ids") from None
+    if not ids:
+        raise InvalidRequest("the prompt is empty")
+    vocab = lm.target.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise InvalidRequest(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def make_row(lm: LoadedModel, prompt: str | list[int], params: SamplingParams | None) -> Row:
+    """A validated Row (rid unset). Raises InvalidRequest; changes nothing."""
+    params = (params or SamplingParams()).validated()
+    ids = tokenize(lm, prompt)
+    ctx = lm.context_length
+    if ctx is not None and len(ids) >= ctx:
+        raise InvalidRequest(f"the prompt has {len(ids)} tokens; the model's context is {ctx} tokens")
+    if ctx is not None and len(ids) + params.max_tokens > ctx:
+        raise InvalidRequest(
+            f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of"
+            f" {ctx} tokens; lower max_tokens to at most {ctx - len(ids)}"
+        )
+    return Row(rid=-1, prompt=ids, params=params, eos_ids=frozenset(lm.eos_ids), detokenizer=lm.tokenizer.detokenizer)

@@ -1,0 +1,130 @@
+"""Admission and transitions: decides, never applies (the engine applies). Imports no MLX.
+
+The engine describes its state in a `View` once per step; `plan()` returns a `Plan`: which
+transition (if any) happens before this step's round, how many queued requests join, and what
+kind of round runs. The rules are DESIGN §2:
+
+- Idle: one queued request starts the scalar loop; two or more form a batch.
+- Scalar with waiters: preempt into the batch loop (GMLX_MTP_PREEMPT); the rebuilt batch's
+  first drain admits every waiter. PREEMPT off: the waiters wait for the scalar request.
+- Batch with waiters: the cap is checked against the width the admission would reach
+  (counting every queued request) *before* the newcomers are processed; over the cap the batch
+  gates (the drafter is dropped, rows decode plain). A gated batch whose plain lookahead is in
+  flight holds the admission one round (the lookahead is consumed first, never discarded).
+- Every round the cap is checked again (GMLX_MTP_WIDTH_CAP is re-read live): an armed batch
+  over the cap gates.
+- A gated batch back within the cap re-arms (GMLX_MTP_RESUME) when no row is within
+  `resume_min_remaining` tokens of its budget and nothing is admitted this round: first one
+  plain round consumes the lookahead without a successor, then a capture round arms the drafter.
+- width == cap speculates; cap 0 is uncapped; cap None ("off") never speculates in a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Mode(Enum):
+    IDLE = "idle"
+    SCALAR = "scalar"
+    BATCHED = "batched"  # batch loop, drafter armed
+    GATED = "gated"  # batch loop, drafter unarmed, plain double-buffered rounds
+
+
+class Round(Enum):
+    NONE = "none"
+    SCALAR = "scalar"
+    SPECULATIVE = "speculative"
+    PLAIN = "plain"  # gated plain round, dispatching its successor
+    PLAIN_LAST = "plain_last"  # plain round consuming the lookahead, no successor
+    CAPTURE = "capture"
+
+
+@dataclass(frozen=True)
+class View:
+    mode: Mode
+    width: int  # live rows in the active loop
+    queued: int
+    cap: int | None  # None: off; 0: uncapped; N: speculate while width <= N
+    speculative: bool  # the engine has a drafter and speculation is on
+    preempt: bool
+    resume: bool
+    lookahead: bool  # a gated plain step is in flight
+    scalar_lookahead: bool  # the scalar plain decoder has a step in flight
+    min_remaining: int  # smallest remaining budget over live rows
+    resume_min_remaining: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    transition: str | None  # start_scalar | form_batch | preempt | gate | resume | None
+    admit: int  # queued requests to admit before the round
+    arm_newcomers: bool  # newcomers join the drafter (batch stays within the cap)
+    round: Round
+    reason: str = ""
+
+
+def allows(cap: int | None, width: int) -> bool:
+    """May a batch of this width speculate?"""
+    if cap is None:
+        return False
+    return cap == 0 or width <= cap
+
+
+def plan(v: View) -> Plan:
+    if v.mode is Mode.IDLE:
+        return _plan_idle(v)
+    if v.mode is Mode.SCALAR:
+        return _plan_scalar(v)
+    return _plan_batch(v)
+
+
+def _plan_idle(v: View) -> Plan:
+    if v.queued == 0:
+        return Plan(None, 0, False, Round.NONE)
+    if v.queued == 1:
+        return Plan("start_scalar", 1, False, Round.SCALAR, "one request")
+    armed = v.speculative and allows(v.cap, v.queued)
+    kind = Round.SPECULATIVE if armed else Round.PLAIN
+    return Plan("form_batch", v.queued, armed, kind, f"{v.queued} requests, cap {_cap_str(v.cap)}")
+
+
+def _plan_scalar(v: View) -> Plan:
+    if v.queued == 0 or not v.preempt:
+        return Plan(None, 0, False, Round.SCALAR)
+    if v.scalar_lookahead:  # consume the plain decoder's in-flight step before moving the request
+        return Plan(None, 0, False, Round.SCALAR, "hold preempt one round")
+    width = 1 + v.queued
+    if v.speculative and allows(v.cap, width):
+        return Plan("preempt", v.queued, False, Round.CAPTURE, f"{v.queued} waiting; width {width} within the cap")
+    return Plan("preempt", v.queued, False, Round.PLAIN, f"{v.queued} waiting; width {width} over the cap")
+
+
+def _plan_batch(v: View) -> Plan:
+    armed = v.mode is Mode.BATCHED
+    if v.queued:
+        width = v.width + v.queued
+        if not armed and v.lookahead:
+            return Plan(None, 0, False, Round.PLAIN_LAST, "admission held: consume the plain lookahead")
+        within = v.speculative and allows(v.cap, width)
+        if armed and not within:
+            return Plan("gate", v.queued, False, Round.PLAIN, f"admission to width {width} over cap {_cap_str(v.cap)}")
+        if armed:
+            return Plan(None, v.queued, True, Round.SPECULATIVE, f"admission to width {width}")
+        return Plan(None, v.queued, False, Round.PLAIN, f"admission to width {width} (gated)")
+    if armed:
+        if v.speculative and allows(v.cap, v.width):
+            return Plan(None, 0, False, Round.SPECULATIVE)
+        return Plan("gate", 0, False, Round.PLAIN, f"width {v.width} over cap {_cap_str(v.cap)}")
+    can_resume = (v.speculative and v.resume and allows(v.cap, v.width)
+                  and v.min_remaining >= v.resume_min_remaining)
+    if not can_resume:
+        return Plan(None, 0, False, Round.PLAIN)
+    if v.lookahead:
+        return Plan(None, 0, False, Round.PLAIN_LAST, "resume: consume the plain lookahead")
+    return Plan("resume", 0, False, Round.CAPTURE, f"width {v.width} within cap {_cap_str(v.cap)}")
+
+
+def _cap_str(cap: int | None) -> str:
+    return "off" if cap is None else ("uncapped" if cap == 0 else str(cap))

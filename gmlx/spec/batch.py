@@ -1,0 +1,208 @@
+"""The batch loop: several requests decode together on ragged KV, speculating or plain.
+
+Rows are `Row` records aligned with the ragged caches' slots (one list to filter). Each row's
+KV start is 0 and its end is the cache's per-row length; its budget, emitted count, finished
+flag and bonus token are on the Row. Pending-bonus invariant at a round boundary, per row:
+the cache holds x_0..x_{n-2}, the bonus x_{n-1} is emitted but not cached (except while a
+gated plain lookahead is in flight, which has appended x_{n-1} already).
+
+Armed round (greedy drafts, per-row acceptance and rollback):
+    drafts D [B, k]   = head, chained greedily from each row's pending (h_i, x_{i+1}) entries
+    T [B, k+1]        = sample(target([bonus_b, D_b]))      one forward of (B, k+1)
+    a_b               = leading matches of D_b and T_b       (accept iff equal)
+    emit T_b[:a_b+1]; trim row b of the target KV by k - a_b; trim the head's k-1 speculative
+    entries; the target's hidden for the kept positions becomes the head's pending input.
+Gated round: one plain step per row, double-buffered (step n+1 dispatched before n is read).
+Capture round: one-position verify of every pending bonus with hidden capture; emits one token
+per row at plain cost and cold-starts the drafter from the captured hidden states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, lift_caches, trim_rows
+from gmlx.models.adapter import Target
+from gmlx.models.mtp import MTPHead
+from gmlx.request import Row
+from gmlx.sampling import RowSampling, draft_greedy, sample
+from gmlx.spec.speculative import RoundResult
+
+
+@dataclass(slots=True)
+class BatchDraft:
+    """The drafter's state for every row (the batch is armed iff this exists)."""
+
+    cache: RaggedKVCache  # the head's one layer
+    hidden: mx.array  # [B, P, D] pending target hidden states, right-padded
+    tokens: mx.array  # [B, P] the tokens that follow them
+    lengths: np.ndarray  # [B] real pending entries per row (>= 1 except prompt-less rows)
+
+
+def _pad_to(x: mx.array, p: int) -> mx.array:
+    if x.shape[1] == p:
+        return x
+    pad = [(0, 0), (0, p - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
+    return mx.pad(x, pad)
+
+
+class BatchLoop:
+    def __init__(self, target: Target, head: MTPHead | None, k: int):
+        self.target = target
+        self.head = head
+        self.k = k
+        self.rows: list[Row] = []
+        self.cache: list[RaggedKVCache] = []
+        self.draft: BatchDraft | None = None
+        self.lookahead: mx.array | None = None  # [B, 1] in-flight plain tokens
+        self.rs: RowSampling | None = None
+
+    @property
+    def width(self) -> int:
+        return len(self.rows)
+
+    @property
+    def armed(self) -> bool:
+        return self.draft is not None
+
+    def _bonus(self) -> mx.array:
+        return mx.array([[r.tokens[-1] if r.tokens else r.prompt[-1]] for r in self.rows], dtype=mx.int32)
+
+    def _positions(self, n: int, shift: int = 0) -> mx.array:
+        start = np.array([r.next_position + shift for r in self.rows], dtype=np.int32)
+        return mx.array(start[:, None] + np.arange(n, dtype=np.int32)[None])  # [B, n]
+
+    # ---- membership ------------------------------------------------------------------
+    def add(self, rows: list[Row], caches: list[list], hiddens: list[mx.array | None], arm: bool) -> None:
+        """Join rows with single-sequence caches (prefilled up to their bonus). `arm`: they join
+        the drafter, teacher-forced on their prompts' hidden states (batch must be armed)."""
+        assert self.lookahead is None, "admission while a plain lookahead is in flight"
+        new = lift_caches(caches)
+        if self.cache:
+            extend_rows(self.cache, new)
+        else:
+            self.cache = new
+        if arm:
+            assert self.head is not None and (self.draft is not None or not self.rows)
+            self._arm_rows(rows, hiddens)
+        self.rows.extend(rows)
+        self._resample()
+
+    def _arm_rows(self, rows: list[Row], hiddens: list[mx.array | None]) -> None:
+        d = self.target.hidden_size
+        hs, ts, lens = [], [], []
+        for r, h in zip(rows, hiddens):
+            if h is None:  # one-token prompt: nothing to teacher-force yet; drafts are garbage, still safe
+                h, t = mx.zeros((1, 1, d)), mx.zeros((1, 1), dtype=mx.int32)
+                lens.append(0)
+            else:
+                t = mx.array([r.prompt[1:]], dtype=mx.int32)
+                lens.append(h.shape[1])
+            hs.append(h)
+            ts.append(t)
+        if self.draft is not None:
+            hs.insert(0, self.draft.hidden)
+            ts.insert(0, self.draft.tokens)
+            lens = list(self.draft.lengths) + lens
+            cache = self.draft.cache
+            extend_rows([cache], [RaggedKVCache(len(rows))])
+        else:
+            cache = RaggedKVCache(len(rows))
+        p = max(x.shape[1] for x in hs)
+        self.draft = BatchDraft(cache, mx.concatenate([_pad_to(h, p) for h in hs], axis=0),
+                                mx.concatenate([_pad_to(t, p) for t in ts], axis=0), np.array(lens, dtype=np.int64))
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep these rows (finished or cancelled rows leave; their KV and drafter state go)."""
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.cache, self.draft, self.lookahead, self.rs = [], None, None, None
+            return
+        filter_rows(self.cache, keep)
+        idx = mx.array(keep, dtype=mx.int32)
+        if self.draft is not None:
+            filter_rows([self.draft.cache], keep)
+            self.draft = BatchDraft(self.draft.cache, self.draft.hidden[idx], self.draft.tokens[idx],
+                                    self.draft.lengths[keep])
+        if self.lookahead is not None:
+            self.lookahead = self.lookahead[idx]
+        self._resample()
+
+    def disarm(self) -> None:
+        """Gate: drop the drafter's state for every row; it is rebuilt by a capture round."""
+        self.draft = None
+
+    def _resample(self) -> None:
+        self.rs = RowSampling.from_params([r.params for r in self.rows], [r.seed for r in self.rows])
+
+    # ---- rounds ------------------------------------------------------------------------
+    def speculative_round(self) -> list[RoundResult]:
+        assert self.draft is not None and self.lookahead is None
+        k = self.k
+        drafts = self._draft(k)  # [B, k]
+        # Device-only barrier between the draft and verify graphs (measured faster on CPU).
+        mx.eval(drafts)  # sync: device barrier, no host read
+        inputs = mx.concatenate([self._bonus(), drafts], axis=1)  # [B, k+1]
+        logits, hidden = self.target(inputs, self.cache)  # [B, k+1, V], [B, k+1, D]
+        targets = sample(logits, self.rs, self._positions(k + 1))  # [B, k+1]
+        mx.eval(targets)  # sync: the round's one host read of drafts and target tokens
+        d = np.array(drafts.tolist(), dtype=np.int64).reshape(len(self.rows), k)  # sync: evaluated above
+        t = np.array(targets.tolist(), dtype=np.int64)  # sync: evaluated above
+        accepted = np.cumprod(d == t[:, :k], axis=1).sum(axis=1)  # [B] leading matches
+        trim_rows(self.cache, k - accepted)
+        if k > 1:
+            trim_rows([self.draft.cache], np.full(len(self.rows), k - 1))
+        p = int(accepted.max()) + 1
+        self.draft.hidden, self.draft.tokens = hidden[:, :p], targets[:, :p]
+        self.draft.lengths = accepted + 1
+        return [RoundResult(tokens=t[b, : accepted[b] + 1].tolist(), drafted=k, accepted=int(accepted[b]))
+                for b in range(len(self.rows))]
+
+    def _draft(self, k: int) -> mx.array:
+        """Greedy drafts [B, k]: teacher-force each row's pending entries, then chain."""
+        st = self.draft
+        embed, norm = self.target.embed_tokens, self.target.final_norm
+        p = st.hidden.shape[1]
+        out = self.head(embed(st.tokens), st.hidden, norm, cache=st.cache)  # [B, P, D]
+        trim_rows([st.cache], p - st.lengths)  # drop the right padding's entries
+        last = mx.array(np.maximum(st.lengths - 1, 0).astype(np.int32))[:, None, None]
+        g = mx.take_along_axis(out, mx.broadcast_to(last, (out.shape[0], 1, out.shape[2])), axis=1)  # [B,1,D]
+        drafts = [draft_greedy(self.target.lm_head(g))]  # [B, 1]
+        for _ in range(k - 1):
+            g = self.head(embed(drafts[-1]), g, norm, cache=st.cache)
+            drafts.append(draft_greedy(self.target.lm_head(g)))
+        return mx.concatenate(drafts, axis=1)
+
+    def plain_round(self, successor: bool) -> list[RoundResult]:
+        """One plain step per row; dispatch the next step before reading this one (if asked)."""
+        assert self.draft is None
+        cur = self.lookahead if self.lookahead is not None else self._plain_step(self._bonus(), 0)
+        self.lookahead = None
+        if successor and any(r.remaining > 1 for r in self.rows):
+            self.lookahead = self._plain_step(cur, 1)
+            mx.async_eval(self.lookahead)
+        toks = cur.tolist()  # sync: read this step's tokens while the next step computes
+        return [RoundResult(tokens=row_toks, drafted=0, accepted=0) for row_toks in toks]
+
+    def _plain_step(self, y: mx.array, shift: int) -> mx.array:
+        logits = self.target.logits(y, self.cache)[:, -1:]  # [B, 1, V]
+        return sample(logits, self.rs, self._positions(1, shift))  # [B, 1]
+
+    def capture_round(self) -> list[RoundResult]:
+        """Verify every pending bonus alone, capturing hidden states; arm the drafter from them."""
+        assert self.lookahead is None and self.head is not None
+        logits, hidden = self.target(self._bonus(), self.cache)  # [B, 1, V], [B, 1, D]
+        targets = sample(logits, self.rs, self._positions(1))  # [B, 1]
+        mx.eval(targets)  # sync: the round's one host read
+        toks = targets.tolist()  # sync: evaluated above
+        b = len(self.rows)
+        self.draft = BatchDraft(RaggedKVCache(b), hidden, targets, np.ones(b, dtype=np.int64))
+        return [RoundResult(tokens=t, drafted=0, accepted=0) for t in toks]
+
+    def kv_lengths(self) -> np.ndarray:
+        return self.cache[0].lengths if self.cache else np.zeros(0, dtype=np.int64)
