@@ -52,6 +52,7 @@ class SamplingParams:
     temperature 0 is greedy. top_p in (0, 1] (1 = off), top_k >= 0 (0 = off), min_p in [0, 1]
     (0 = off). seed: None draws one at submit time; it is reported in the final record.
     stop: strings that end generation; the matched string is not part of the text.
+    ignore_eos: generate past EOS until max_tokens (as vLLM; for fixed-length benchmarks).
     """
 
     temperature: float = 0.0
@@ -61,6 +62,7 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # as vLLM: keep generating past EOS (fixed-length benchmarks)
 
     def validated(self) -> "SamplingParams":
         """Check every field; return a copy with a concrete seed and stop as a tuple."""

@@ -38,4 +38,5 @@ def make_row(lm: LoadedModel, prompt: str | list[int], params: SamplingParams | 
             f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of"
             f" {ctx} tokens; lower max_tokens to at most {ctx - len(ids)}"
         )
-    return Row(rid=-1, prompt=ids, params=params, eos_ids=frozenset(lm.eos_ids), detokenizer=lm.tokenizer.detokenizer)
+    eos = frozenset() if params.ignore_eos else frozenset(lm.eos_ids)
+    return Row(rid=-1, prompt=ids, params=params, eos_ids=eos, detokenizer=lm.tokenizer.detokenizer)
