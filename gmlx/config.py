@@ -113,6 +113,7 @@ class EngineConfig:
     width_cap: int | None = None  # CLI flag; None falls back to env, user config, model default
     resume_min_remaining: int = 8
     max_queued: int = 256
+    prompt_cache_bytes: int = 64 << 20  # 0 disables the prompt cache
     prefill_step_size: int = 512
     switches: Switches = field(default_factory=Switches)
 

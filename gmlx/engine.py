@@ -19,18 +19,21 @@ from typing import Callable
 
 import mlx.core as mx
 
+from gmlx import caps
 from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
 from gmlx.errors import EngineClosed, NoDrafterError, Overloaded
 from gmlx.intake import make_row
 from gmlx.metrics import Counters, Event, EventKind
-from gmlx.models.loading import LoadedModel, load
+from gmlx.kv import extract_row
+from gmlx.models.loading import LoadedModel, default_model_path, load
+from gmlx.prompt_cache import PromptCache
 from gmlx.request import Row, RowState, transition
 from gmlx.sampling import RowSampling
 from gmlx.spec import admission
 from gmlx.spec.admission import Mode, Round
 from gmlx.spec.batch import BatchLoop
 from gmlx.spec.drafter import MTPDrafter
-from gmlx.spec.speculative import PlainDecoder, RoundResult, ScalarLoop, ScalarSeq, prefill_row
+from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq, prefill_row
 from gmlx.stream import FinalRecord, Stream
 
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
@@ -58,6 +61,9 @@ class Engine:
         self.scalar = ScalarLoop(self.lm.target, drafter, self.k, self.config.prefill_step_size)
         self.batch = BatchLoop(self.lm.target, self.lm.head if self.speculative else None, self.k)
         self.mode = Mode.IDLE
+        self._model_key = caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
+        self.cap_decision()  # a broken user config is an error at engine start, not mid-run
+        self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
         self.counters = Counters()
         self.listeners: list[Callable[[Event], None]] = []
         self._seq: ScalarSeq | None = None
@@ -162,14 +168,15 @@ class Engine:
                 fn(ev)
         return events
 
+    def cap_decision(self) -> caps.CapDecision:
+        """The width cap in force this round: CLI flag > GMLX_MTP_WIDTH_CAP (re-read every round,
+        so a live change takes effect at the next round) > user config > model default."""
+        return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self._model_key,
+                                model_default=self.lm.default_cap)
+
     def cap(self) -> int | None:
-        """The width cap in force this round: CLI flag > GMLX_MTP_WIDTH_CAP (re-read) > model default."""
-        if self.config.width_cap is not None:
-            return self.config.width_cap
-        env = parse_cap_env()  # re-read every round, so a live change takes effect at the next round
-        if env is not None:
-            return env
-        return self.lm.default_cap if self.lm.default_cap is not None else 0
+        """None: off (never speculate in a batch); 0: uncapped; N: speculate while width <= N."""
+        return self.cap_decision().cap
 
     def _view(self) -> admission.View:
         live = self._live_rows()
@@ -200,7 +207,8 @@ class Engine:
         if plan.transition == "start_scalar":
             row = self._pop(1)[0]
             transition(row, RowState.SCALAR)
-            self._seq = self.scalar.start(row, RowSampling.from_params([row.params], [row.seed]))
+            pre = self._prefill(row, want_hidden=self.speculative)
+            self._seq = self.scalar.start(row, RowSampling.from_params([row.params], [row.seed]), pre)
             self._plain = None if self.speculative else PlainDecoder(self.lm.target, self._seq)
             self.mode = Mode.SCALAR
         elif plan.transition == "preempt":
@@ -222,19 +230,32 @@ class Engine:
         seq = self._seq
         seq.row.preempted = True
         transition(seq.row, RowState.GATED)
-        self.batch.add([seq.row], [seq.cache], [None], arm=False)
+        self.batch.add([seq.row], [Prefilled(seq.cache, None, None)], arm=False)
         self._seq = self._plain = None
         self.mode = Mode.GATED
 
     def _admit(self, rows: list[Row], arm: bool) -> None:
-        caches, hiddens = [], []
+        pres = []
         for row in rows:
-            row.stats.prompt_tokens = len(row.prompt)
-            cache, hidden = prefill_row(self.lm.target, row, self.config.prefill_step_size, want_hidden=arm)
-            caches.append(cache)
-            hiddens.append(hidden)
+            pres.append(self._prefill(row, want_hidden=arm))
             transition(row, RowState.BATCHED if arm else RowState.GATED)
-        self.batch.add(rows, caches, hiddens, arm=arm)
+        self.batch.add(rows, pres, arm=arm)
+
+    def _prefill(self, row: Row, want_hidden: bool) -> Prefilled:
+        """Prefill a request, reusing the longest cached prefix of its prompt. The drafter
+        cold-starts on the remainder (its attention is relative, so its positions may start at 0)."""
+        row.stats.prompt_tokens = len(row.prompt)
+        hit = self.prompt_cache.lookup(row.prompt) if self.prompt_cache is not None else None
+        if hit is None:
+            return prefill_row(self.lm.target, row, self.config.prefill_step_size, want_hidden)
+        return prefill_row(self.lm.target, row, self.config.prefill_step_size, want_hidden, hit.caches, hit.length)
+
+    def _retire_into_prompt_cache(self, row: Row, caches: list) -> None:
+        """Offer a finished request's KV back (never a preempted one's: it dropped that context)."""
+        if self.prompt_cache is None or row.preempted or row.finish_reason in ("error", "cancelled"):
+            return
+        n = caches[0].offset
+        self.prompt_cache.insert((row.prompt + row.tokens)[:n], caches)
 
     def _round(self, kind: Round) -> list[Event]:
         if kind is Round.NONE:
@@ -299,8 +320,12 @@ class Engine:
             self._deliver_final(r)
             events.append(Event(EventKind.FINISH, self.mode.value, len(live), rid=r.rid, stats=r.stats.as_dict()))
         if self.mode is Mode.SCALAR:
+            self._retire_into_prompt_cache(self._seq.row, self._seq.cache)
             self._seq = self._plain = None
         else:
+            for i, r in enumerate(self.batch.rows):
+                if r.is_done and self.prompt_cache is not None and not r.preempted:
+                    self._retire_into_prompt_cache(r, extract_row(self.batch.cache, i))
             self.batch.filter([i for i, r in enumerate(self.batch.rows) if not r.is_done])
         if not self._live_rows():
             self.mode = Mode.IDLE
@@ -316,3 +341,4 @@ class Engine:
             request_id=row.rid, prompt_tokens=list(row.prompt), tokens=list(row.tokens), text=row.text,
             finish_reason=row.finish_reason or "cancelled", seed=row.seed, speculative=self.speculative,
             stats=row.stats.as_dict(), error=error))
+

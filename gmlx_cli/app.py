@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import sys
@@ -47,7 +48,11 @@ def _debug_requested(args: Sequence[str]) -> bool:
     return env or "--debug" in opts
 
 
+@atexit.register
 def release_mlx_thread() -> None:
+    """MLX requires every thread that used it, the main thread included, to destroy its streams
+    before the interpreter finalises (mlx#4327); the engine thread does so itself. At exit, not
+    at the end of main(): in-process callers (tests) keep using MLX after main() returns."""
     import mlx.core as mx
 
     mx.synchronize()
@@ -64,10 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         code = _dispatch(args, _debug_requested(args))
     finally:
-        # MLX requires every thread that used it, the main thread included, to destroy its
-        # streams before the interpreter finalises (mlx#4327); the engine thread does so itself.
-        gc.collect()
-        release_mlx_thread()
+        gc.collect()  # free a closed engine's arrays while MLX is alive
     raise SystemExit(code)
 
 

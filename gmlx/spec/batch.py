@@ -29,7 +29,7 @@ from gmlx.models.adapter import Target
 from gmlx.models.mtp import MTPHead
 from gmlx.request import Row
 from gmlx.sampling import RowSampling, draft_greedy, sample
-from gmlx.spec.speculative import RoundResult
+from gmlx.spec.speculative import Prefilled, RoundResult
 
 
 @dataclass(slots=True)
@@ -76,41 +76,41 @@ class BatchLoop:
         return mx.array(start[:, None] + np.arange(n, dtype=np.int32)[None])  # [B, n]
 
     # ---- membership ------------------------------------------------------------------
-    def add(self, rows: list[Row], caches: list[list], hiddens: list[mx.array | None], arm: bool) -> None:
-        """Join rows with single-sequence caches (prefilled up to their bonus). `arm`: they join
-        the drafter, teacher-forced on their prompts' hidden states (batch must be armed)."""
+    def add(self, rows: list[Row], pres: list[Prefilled], arm: bool) -> None:
+        """Join prefilled rows (single-sequence caches up to their bonus). `arm`: they join the
+        drafter, teacher-forced on their prompts' hidden states (the batch must be armed)."""
         assert self.lookahead is None, "admission while a plain lookahead is in flight"
-        new = lift_caches(caches)
+        new = lift_caches([p.cache for p in pres])
         if self.cache:
             extend_rows(self.cache, new)
         else:
             self.cache = new
         if arm:
             assert self.head is not None and (self.draft is not None or not self.rows)
-            self._arm_rows(rows, hiddens)
+            self._arm_rows(pres)
         self.rows.extend(rows)
         self._resample()
 
-    def _arm_rows(self, rows: list[Row], hiddens: list[mx.array | None]) -> None:
+    def _arm_rows(self, pres: list[Prefilled]) -> None:
         d = self.target.hidden_size
         hs, ts, lens = [], [], []
-        for r, h in zip(rows, hiddens):
-            if h is None:  # one-token prompt: nothing to teacher-force yet; drafts are garbage, still safe
-                h, t = mx.zeros((1, 1, d)), mx.zeros((1, 1), dtype=mx.int32)
+        for pre in pres:
+            if pre.hidden is None:  # nothing to teacher-force (one-token prompt): garbage drafts, still safe
+                hs.append(mx.zeros((1, 1, d)))
+                ts.append(mx.zeros((1, 1), dtype=mx.int32))
                 lens.append(0)
             else:
-                t = mx.array([r.prompt[1:]], dtype=mx.int32)
-                lens.append(h.shape[1])
-            hs.append(h)
-            ts.append(t)
+                hs.append(pre.hidden)
+                ts.append(pre.next_tokens)
+                lens.append(pre.hidden.shape[1])
         if self.draft is not None:
             hs.insert(0, self.draft.hidden)
             ts.insert(0, self.draft.tokens)
             lens = list(self.draft.lengths) + lens
             cache = self.draft.cache
-            extend_rows([cache], [RaggedKVCache(len(rows))])
+            extend_rows([cache], [RaggedKVCache(len(pres))])
         else:
-            cache = RaggedKVCache(len(rows))
+            cache = RaggedKVCache(len(pres))
         p = max(x.shape[1] for x in hs)
         self.draft = BatchDraft(cache, mx.concatenate([_pad_to(h, p) for h in hs], axis=0),
                                 mx.concatenate([_pad_to(t, p) for t in ts], axis=0), np.array(lens, dtype=np.int64))
@@ -160,7 +160,7 @@ class BatchLoop:
         p = int(accepted.max()) + 1
         self.draft.hidden, self.draft.tokens = hidden[:, :p], targets[:, :p]
         self.draft.lengths = accepted + 1
-        return [RoundResult(tokens=t[b, : accepted[b] + 1].tolist(), drafted=k, accepted=int(accepted[b]))
+        return [RoundResult(tokens=[int(x) for x in t[b, : accepted[b] + 1]], drafted=k, accepted=int(accepted[b]))
                 for b in range(len(self.rows))]
 
     def _draft(self, k: int) -> mx.array:

@@ -66,13 +66,26 @@ def prefill(target: Target, cache: list, tokens: list[int], step: int, want_hidd
     return hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
 
 
-def prefill_row(target: Target, row: Row, step: int, want_hidden: bool) -> tuple[list, mx.array | None]:
-    """A fresh single-sequence cache holding x_0..x_{m-2} (the last prompt token is the pending
-    bonus), and the hidden states of those positions when a drafter will be teacher-forced."""
-    cache = target.make_cache()
-    body = row.prompt[:-1]
+@dataclass(slots=True)
+class Prefilled:
+    """A request ready to decode: its single-sequence target cache holds x_0..x_{m-2} (the last
+    prompt token is the pending bonus); `hidden` / `next_tokens` are the (h_i, x_{i+1}) entries a
+    drafter is teacher-forced on (positions `start`..m-2), None when no drafter needs them."""
+
+    cache: list
+    hidden: mx.array | None  # [1, P, D]
+    next_tokens: mx.array | None  # [1, P]
+
+
+def prefill_row(target: Target, row: Row, step: int, want_hidden: bool, cache: list | None = None,
+                start: int = 0) -> Prefilled:
+    """Run prompt[start:-1] into `cache` (fresh when None; `start` tokens already cached)."""
+    cache = cache if cache is not None else target.make_cache()
+    body = row.prompt[start:-1]
     row.stats.prefill_tokens = len(body)
-    return cache, prefill(target, cache, body, step, want_hidden)
+    hidden = prefill(target, cache, body, step, want_hidden)
+    nxt = mx.array([row.prompt[start + 1 :]], dtype=mx.int32) if hidden is not None else None
+    return Prefilled(cache, hidden, nxt)
 
 
 @dataclass(slots=True)
@@ -100,15 +113,17 @@ class ScalarLoop:
         self.prefill_step = prefill_step
         self.coupled = coupled  # False only for A/B measurements of coupling itself
 
-    def start(self, row: Row, rs: RowSampling) -> ScalarSeq:
-        """Prefill x_0..x_{m-2} and queue the head's teacher forcing on the prompt."""
-        cache, hidden = prefill_row(self.target, row, self.prefill_step, want_hidden=self.drafter is not None)
+    def start(self, row: Row, rs: RowSampling, pre: Prefilled | None = None) -> ScalarSeq:
+        """Take a prefilled request (prefilling it here when not given); queue the head's
+        teacher forcing on the prompt's hidden states."""
+        if pre is None:
+            pre = prefill_row(self.target, row, self.prefill_step, want_hidden=self.drafter is not None)
         draft = None
         if self.drafter is not None:
             draft = self.drafter.new_state()
-            if hidden is not None:
-                draft.add_pending(hidden, mx.array([row.prompt[1:]], dtype=mx.int32))
-        return ScalarSeq(row=row, cache=cache, draft=draft, rs=rs)
+            if pre.hidden is not None:
+                draft.add_pending(pre.hidden, pre.next_tokens)
+        return ScalarSeq(row=row, cache=pre.cache, draft=draft, rs=rs)
 
     def round_k(self, seq: ScalarSeq) -> int:
         """Drafts this round: never more than the budget can use."""

@@ -1,0 +1,343 @@
+"""The speculative width cap (and per-width K) for a model on this machine, by precedence.
+
+Role: decide `speculative_width_cap` — speculate in the batch loop only while width <= cap —
+from, highest first:
+
+    1. the CLI flag                      source "cli"
+    2. GMLX_MTP_WIDTH_CAP (the caller re-reads it every round and passes it in)
+                                         source "env GMLX_MTP_WIDTH_CAP"
+    3. the user config file              source "user config <path>"
+    4. the model's config.json default   source "model default"
+    5. 0 = uncapped (right for a dense target with an MTP head)
+                                         source "built-in default"
+
+Cap values: N > 0 speculates while width <= N (width == N speculates); 0 = uncapped; "off" =
+never speculate in the batch loop (not even at width 1, e.g. a preempted request drained to one
+row). `CapDecision.cap` holds "off" as None. The scalar loop (one request, never preempted) is
+not governed by the cap: it always speculates when the model has a drafter.
+
+User config: TOML at $GMLX_CONFIG, else $XDG_CONFIG_HOME/gmlx/config.toml, else
+~/.config/gmlx/config.toml (on every platform, so the path is predictable). Entries are keyed by
+model (`model_key`) and machine (`machine_key`), as `gmlx sweep-cap` writes them:
+
+    [models."gmlx-default"."amd-epyc-2c-openblas"]
+    speculative_width_cap = 4                # or "off"; 0 = uncapped
+    num_draft_tokens_by_width = {1 = 3, 2 = 3, 4 = 2}
+    measured_at = "2025-01-01T00:00:00+00:00"
+    source = "sweep-cap"
+
+Invariants: reading never writes; an invalid file (bad TOML, wrong type, negative cap, unknown
+key in an entry) is a ConfigError naming the file and the fix, never a silent default; writing
+rewrites the whole file atomically (temp file + rename), keeps every other model's and machine's
+entry, refuses to overwrite a file it cannot parse, and does not keep comments.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import platform
+import re
+import tempfile
+import tomllib
+from collections.abc import Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from gmlx import blas
+from gmlx import machine as _machine
+from gmlx.errors import ConfigError
+
+DEFAULT_MODEL_KEY = "gmlx-default"
+OFF = "off"
+Cap = int | Literal["off"]
+_ENTRY_KEYS = ("speculative_width_cap", "num_draft_tokens_by_width", "measured_at", "source")
+_CAP_HELP = 'use an integer >= 0 (0 = uncapped) or "off" (never speculate in a batch)'
+
+
+# -- where and for what ----------------------------------------------------------------------
+def config_path() -> Path:
+    """The user config file (it need not exist)."""
+    explicit = os.environ.get("GMLX_CONFIG", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CONFIG_HOME", "").strip()
+    # The XDG spec says a relative XDG_CONFIG_HOME is invalid and must be ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "gmlx" / "config.toml"
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"\((r|tm|c)\)", " ", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"
+
+
+def machine_key() -> str:
+    """A short stable key for this machine: CPU model, logical core count, BLAS kind."""
+    loaded = blas.ensure_loaded()
+    if loaded == "OpenBLAS":
+        kind = "openblas"
+    elif loaded == "reference":
+        kind = "refblas"
+    else:  # a measurement on Metal says nothing about another backend, so name it
+        kind = "metal" if platform.system() == "Darwin" else "default"
+    return _slug(f"{_machine.cpu_name()} {os.cpu_count() or 0}c {kind}")
+
+
+def model_key(path: str | Path | None) -> str:
+    """"gmlx-default" for the embedded model (path None or its directory), else the resolved path."""
+    from gmlx.models.loading import default_model_path  # lazy: keeps this module light
+
+    if path is None:
+        return DEFAULT_MODEL_KEY
+    p = Path(path).expanduser().resolve()
+    return DEFAULT_MODEL_KEY if p == default_model_path().resolve() else str(p)
+
+
+# -- values ----------------------------------------------------------------------------------
+def _parse_cap(value: Any, where: str) -> Cap:
+    if isinstance(value, str) and value.strip().lower() == OFF:
+        return OFF
+    # bool is an int subclass; `true` is not a cap.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: speculative_width_cap = {value!r} is invalid; {_CAP_HELP}")
+    return value
+
+
+def _parse_k(value: Any, where: str) -> tuple[tuple[int, int], ...]:
+    fix = 'use a table of width = K with integers >= 1, e.g. {1 = 3, 4 = 2}'
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: num_draft_tokens_by_width = {value!r} is not a table; {fix}")
+    out = {}
+    for w, k in value.items():
+        w_ok = (isinstance(w, int) and not isinstance(w, bool)
+                or isinstance(w, str) and w.strip().isascii() and w.strip().isdigit())
+        if not w_ok or int(w) < 1 or isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"{where}: num_draft_tokens_by_width entry {w!r} = {k!r} is invalid; {fix}")
+        out[int(w)] = k
+    return tuple(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class UserEntry:
+    """One [models.<model>.<machine>] entry. cap None: the entry sets no cap (K only)."""
+
+    cap: Cap | None
+    k_by_width: tuple[tuple[int, int], ...]
+    measured_at: str | None
+    source: str | None
+    path: Path
+
+
+@dataclass(frozen=True)
+class CapDecision:
+    """The cap in force and where it came from. cap: None = off, 0 = uncapped, N = width <= N."""
+
+    cap: int | None
+    source: str
+    k_by_width: tuple[tuple[int, int], ...] = ()  # from the user config, whatever set the cap
+
+    def allows(self, width: int) -> bool:
+        """Whether the batch loop may speculate at this width (the scalar loop never asks)."""
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width}")
+        if self.cap is None:
+            return False
+        return self.cap == 0 or width <= self.cap
+
+    def num_draft_tokens(self, width: int, default: int) -> int:
+        """K measured at the largest width <= `width`, else `default` (an explicit K wins over both)."""
+        k = default
+        for w, kw in self.k_by_width:  # sorted by width
+            if w <= width:
+                k = kw
+        return k
+
+    @property
+    def text(self) -> str:
+        return OFF if self.cap is None else "0 = uncapped" if self.cap == 0 else str(self.cap)
+
+    def __str__(self) -> str:
+        return f"{self.text} ({self.source})"
+
+
+# -- reading ---------------------------------------------------------------------------------
+_cache: dict[Path, tuple[tuple[int, int, int], dict]] = {}  # stat stamp: re-read only on change
+
+
+def load_config(path: str | Path | None = None) -> dict:
+    """The parsed config file ({} when it does not exist)."""
+    p = Path(path) if path is not None else config_path()
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ConfigError(f"cannot read gmlx config {p}: {e}") from None
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    hit = _cache.get(p)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read gmlx config {p}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"gmlx config {p} is not valid TOML ({e}); fix the syntax, or delete the file"
+                          " and run `gmlx sweep-cap` to measure again") from None
+    _cache[p] = (stamp, data)
+    return data
+
+
+def _header(*keys: str) -> str:
+    return "[" + ".".join(_key(k) for k in keys) + "]"
+
+
+def read_user_entry(model: str, *, machine: str | None = None, path: str | Path | None = None) -> UserEntry | None:
+    """The validated entry for (model, machine), or None when the file or the entry is absent."""
+    p = Path(path) if path is not None else config_path()
+    data = load_config(p)
+    mach = machine if machine is not None else machine_key()
+    node: Any = data
+    for i, k in enumerate(("models", model, mach)):
+        node = node.get(k)
+        if node is None:
+            return None
+        if not isinstance(node, dict):
+            name = "models" if i == 0 else _header("models", *(model, mach)[:i])
+            raise ConfigError(f"gmlx config {p}: {name} must be a table; see the example in gmlx/caps.py")
+    where = f"gmlx config {p}, {_header('models', model, mach)}"
+    unknown = sorted(set(node) - set(_ENTRY_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_ENTRY_KEYS)}")
+    cap = _parse_cap(node["speculative_width_cap"], where) if "speculative_width_cap" in node else None
+    k = _parse_k(node["num_draft_tokens_by_width"], where) if "num_draft_tokens_by_width" in node else ()
+    meta = {}
+    for name in ("measured_at", "source"):
+        v = node.get(name)
+        if v is not None and not isinstance(v, (str, dt.date, dt.time)):
+            raise ConfigError(f"{where}: {name} = {v!r} must be a string")
+        meta[name] = None if v is None else str(v)
+    return UserEntry(cap=cap, k_by_width=k, path=p, **meta)
+
+
+def resolve_cap(*, cli_cap: Cap | None, env_cap: int | None, model_key: str, model_default: Cap | None,
+                machine: str | None = None, path: str | Path | None = None) -> CapDecision:
+    """Apply the precedence in the module docstring. The file is re-read only when it changed."""
+    entry = read_user_entry(model_key, machine=machine, path=path)  # read even when overridden: K
+    k = entry.k_by_width if entry is not None else ()
+
+    def decided(value: Cap, source: str) -> CapDecision:
+        cap = _parse_cap(value, f"{source} (the model's config.json)" if source == "model default" else source)
+        return CapDecision(cap=None if cap == OFF else cap, source=source, k_by_width=k)
+
+    if cli_cap is not None:
+        return decided(cli_cap, "cli")
+    if env_cap is not None:
+        return decided(env_cap, "env GMLX_MTP_WIDTH_CAP")
+    if entry is not None and entry.cap is not None:
+        return decided(entry.cap, f"user config {entry.path}")
+    if model_default is not None:
+        return decided(model_default, "model default")
+    return decided(0, "built-in default")
+
+
+# -- writing ---------------------------------------------------------------------------------
+def write_cap(model: str, cap: Cap, *, k_by_width: Mapping[int, int] | None = None, machine: str | None = None,
+              path: str | Path | None = None, source: str = "sweep-cap") -> Path:
+    """Replace the (model, machine) entry, keeping the rest of the file; return the file's path."""
+    p = Path(path) if path is not None else config_path()
+    value = _parse_cap(cap, "write_cap")
+    entry: dict[str, Any] = {"speculative_width_cap": value}
+    if k_by_width:
+        entry["num_draft_tokens_by_width"] = {str(w): kw for w, kw in _parse_k(k_by_width, "write_cap")}
+    entry["measured_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    entry["source"] = source
+    data = dict(load_config(p))  # a file we cannot parse raises here: never clobber it
+    mach = machine if machine is not None else machine_key()
+    models = data.setdefault("models", {})
+    if not isinstance(models, dict) or not isinstance(models.get(model, {}), dict):
+        raise ConfigError(f"gmlx config {p}: `models` and {_header('models', model)} must be tables;"
+                          " fix or remove them")
+    data["models"] = {**models, model: {**models.get(model, {}), mach: entry}}
+    _atomic_write(p, dumps_toml(data))
+    _cache.pop(p, None)
+    return p
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    target = path.resolve()  # write through a symlink (dotfile managers), do not replace it
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)  # atomic on POSIX: readers see the old or the new file
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise ConfigError(f"cannot write gmlx config {path}: {e}") from None
+
+
+# A minimal TOML writer: what tomllib can return (tables, arrays, strings, ints, floats,
+# bools, dates) is written so that tomllib reads back the same data.
+_INLINE_KEYS = frozenset({"num_draft_tokens_by_width"})
+_BARE = re.compile(r"[A-Za-z0-9_-]+\Z")
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _string(s: str) -> str:
+    out = (_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in s)
+    return '"' + "".join(out) + '"'
+
+
+def _key(k: str) -> str:
+    return k if _BARE.match(k) else _string(k)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+    if isinstance(v, str):
+        return _string(v)
+    if isinstance(v, (dt.date, dt.time)):  # datetime is a date
+        return v.isoformat()
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{_key(str(k))} = {_value(x)}" for k, x in v.items()) + "}"
+    raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) to the gmlx config")
+
+
+def dumps_toml(data: Mapping[str, Any]) -> str:
+    """Serialise nested dicts as TOML; `tomllib.loads(dumps_toml(d)) == d` for tomllib data."""
+    lines: list[str] = []
+
+    def table(t: Mapping[str, Any], path: tuple[str, ...]) -> None:
+        is_sub = {k: isinstance(v, Mapping) and k not in _INLINE_KEYS for k, v in t.items()}
+        plain = [k for k in t if not is_sub[k]]
+        # Pure containers need no header (their children's dotted headers create them); an
+        # empty table does, or it would vanish.
+        if path and (plain or not t):
+            lines.extend(([""] if lines else []) + ["[" + ".".join(_key(p) for p in path) + "]"])
+        lines.extend(f"{_key(k)} = {_value(t[k])}" for k in plain)  # before sub-tables: TOML scoping
+        for k in t:
+            if is_sub[k]:
+                table(t[k], path + (k,))
+
+    table(data, ())
+    return "\n".join(lines) + "\n" if lines else ""
