@@ -6,8 +6,8 @@ import platform
 import sys
 
 import gmlx
-from gmlx import blas
-from gmlx.config import Switches
+from gmlx import blas, caps
+from gmlx.config import parse_cap_env
 from gmlx.errors import GmlxError
 from gmlx.models.loading import default_model_path
 from gmlx_cli import generate as _generate
@@ -15,21 +15,14 @@ from gmlx_cli import ui
 from gmlx_cli.options import DebugOpt, ModelOpt
 
 
-def _width_cap(default_cap: int | None) -> tuple[str, str]:
-    """The cap the engine would start with, and where it comes from (env beats the model)."""
+def _width_cap(lm) -> tuple[str, str]:
+    """The cap the engine would start with and where it comes from (engine's precedence)."""
     try:
-        env_cap = Switches.from_env().width_cap_env
-    except GmlxError as e:  # a bad switch is worth showing here, not worth aborting the report
-        return "invalid environment", ui.one_line(str(e))
-    if env_cap is not None:
-        return _cap_text(env_cap), "environment, GMLX_MTP_WIDTH_CAP"
-    if default_cap is None:
-        return _cap_text(0), "no model default"
-    return _cap_text(default_cap), "model default, config.json"
-
-
-def _cap_text(cap: int) -> str:
-    return "0 = uncapped" if cap == 0 else str(cap)
+        key = caps.model_key(None if lm.path == default_model_path() else lm.path)
+        d = caps.resolve_cap(cli_cap=None, env_cap=parse_cap_env(), model_key=key, model_default=lm.default_cap)
+    except GmlxError as e:  # a bad switch or config is worth showing here, not worth aborting the report
+        return "invalid", ui.one_line(str(e))
+    return d.text, d.source
 
 
 def doctor(model: ModelOpt = None, debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
@@ -51,7 +44,7 @@ def doctor(model: ModelOpt = None, debug: DebugOpt = False) -> None:  # noqa: AR
     sys.stdout.flush()
     # Loaded after the environment is printed, so a broken model still leaves a useful report.
     lm = _generate._load_model(model)
-    cap, cap_source = _width_cap(lm.default_cap)
+    cap, cap_source = _width_cap(lm)
     ui.kv_block(
         [
             ("name", lm.name),
