@@ -110,18 +110,18 @@ class EngineConfig:
 
     speculative: bool | None = None
     num_draft_tokens: int | None = None  # None: the model's default (measured), else >= 1
-    width_cap: int | None = None  # CLI flag; None falls back to env, user config, model default
+    width_cap: int | str | None = None  # CLI flag: N, 0 = uncapped, "off"; None: env, user config, model
     resume_min_remaining: int = 8
     max_queued: int = 256
     prompt_cache_bytes: int = 64 << 20  # 0 disables the prompt cache
     prefill_step_size: int = 512
-    switches: Switches = field(default_factory=Switches)
 
     def validated(self) -> "EngineConfig":
         if self.num_draft_tokens is not None and (not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1):
             raise InvalidRequest(f"num_draft_tokens must be an integer >= 1, got {self.num_draft_tokens!r}")
-        if self.width_cap is not None and self.width_cap < 0:
-            raise InvalidRequest(f"speculative_width_cap must be >= 0 (0 = uncapped), got {self.width_cap!r}")
+        cap = self.width_cap
+        if cap is not None and not (cap == "off" or (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0)):
+            raise InvalidRequest(f"speculative_width_cap must be an integer >= 0 (0 = uncapped) or 'off', got {cap!r}")
         if self.resume_min_remaining < 0:
             raise InvalidRequest("resume_min_remaining must be >= 0")
         if self.max_queued < 1:

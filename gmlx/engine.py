@@ -174,6 +174,13 @@ class Engine:
         return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self._model_key,
                                 model_default=self.lm.default_cap)
 
+    def _k_for(self, width: int) -> int:
+        """Drafts per round at this width: the explicit setting, else a calibrated K per width
+        (sweep-cap --write), else the model's default."""
+        if self.config.num_draft_tokens is not None:
+            return self.config.num_draft_tokens
+        return self.cap_decision().num_draft_tokens(width, self.lm.default_k)
+
     def cap(self) -> int | None:
         """None: off (never speculate in a batch); 0: uncapped; N: speculate while width <= N."""
         return self.cap_decision().cap
@@ -267,6 +274,7 @@ class Engine:
         else:
             rows = list(self.batch.rows)
             if kind is Round.SPECULATIVE:
+                self.batch.k = self._k_for(len(rows))
                 results = self.batch.speculative_round()
             elif kind is Round.CAPTURE:
                 results = self.batch.capture_round()

@@ -89,6 +89,7 @@ class Event:
     reason: str | None = None
     rid: int | None = None
     stats: dict | None = None
+    time: float = field(default_factory=time.perf_counter)  # when the engine made the event
 
 
 @dataclass

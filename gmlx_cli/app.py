@@ -15,8 +15,10 @@ import typer
 
 from gmlx.errors import GmlxError
 from gmlx_cli import ui
+from gmlx_cli.bench import bench
 from gmlx_cli.doctor import doctor
 from gmlx_cli.generate import generate
+from gmlx_cli.sweep import sweep_cap
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -38,6 +40,8 @@ def train_default(
 
 app.command()(generate)
 app.command()(doctor)
+app.command()(bench)
+app.command("sweep-cap")(sweep_cap)
 app.command("train-default")(train_default)
 
 

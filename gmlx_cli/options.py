@@ -90,3 +90,68 @@ DebugOpt = Annotated[
     bool, typer.Option("--debug", help="Show the full traceback on errors (also GMLX_DEBUG=1).",
                        rich_help_panel=_OUTPUT)
 ]
+
+# -- bench and sweep-cap -------------------------------------------------------------------------
+# Lists and ranges are taken as text and parsed in gmlx_cli.workload, so that a malformed value
+# is one InvalidRequest line from the error boundary, like every other bad input.
+_WORKLOAD = "Workload"
+_RUN = "Run"
+ConcurrencyOpt = Annotated[
+    str, typer.Option("--concurrency", help="Most requests in flight; a comma list makes one cell per value.",
+                      rich_help_panel=_WORKLOAD)
+]
+RequestsOpt = Annotated[int, typer.Option("--requests", help="Requests per cell (>= 1).", rich_help_panel=_WORKLOAD)]
+ArrivalOpt = Annotated[
+    str, typer.Option("--arrival", help="burst (all at once), staggered (every --stagger s), poisson (--rate per s),"
+                      " join-late (one long request, waiters after --join-after s).", rich_help_panel=_WORKLOAD)
+]
+StaggerOpt = Annotated[float, typer.Option("--stagger", help="staggered: seconds between arrivals.",
+                                           rich_help_panel=_WORKLOAD)]
+RateOpt = Annotated[float, typer.Option("--rate", help="poisson: mean arrivals per second.", rich_help_panel=_WORKLOAD)]
+JoinAfterOpt = Annotated[float, typer.Option("--join-after", help="join-late: seconds before the waiters arrive.",
+                                             rich_help_panel=_WORKLOAD)]
+LongTokensOpt = Annotated[
+    int | None, typer.Option("--long-tokens", help="join-late: the long request's max tokens. Default: 4 x --max-tokens.",
+                             show_default=False, rich_help_panel=_WORKLOAD)
+]
+PromptsFileOpt = Annotated[
+    Path | None,
+    typer.Option("--prompts", help="Prompts file: one prompt per line, or JSONL with prompt / max_tokens / temperature"
+                 " / seed. Default: the shipped held-out code prompts.", show_default=False, rich_help_panel=_WORKLOAD),
+]
+MaxTokensRangeOpt = Annotated[
+    str, typer.Option("--max-tokens", help="Tokens per request: N, or a range A-B drawn per request.",
+                      rich_help_panel=_SAMPLING)
+]
+IgnoreEosOpt = Annotated[
+    bool, typer.Option("--ignore-eos", help="Generate past EOS up to the budget (fixed-length runs).",
+                       rich_help_panel=_SAMPLING)
+]
+WidthCapOpt = Annotated[
+    int | None, typer.Option("--speculative-width-cap", help="Speculate in a batch only while width <= N (0 = uncapped)."
+                             " Default: GMLX_MTP_WIDTH_CAP, the user config, the model's.", show_default=False,
+                             rich_help_panel=_SPEC)
+]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", help="Interleaved repeats of every cell (>= 1).",
+                                         rich_help_panel=_RUN)]
+WarmupOpt = Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unrecorded run per arm first.",
+                                         rich_help_panel=_RUN)]
+OutDirOpt = Annotated[Path, typer.Option("--out", help="Directory for the CSV, JSON and PNG results.",
+                                         rich_help_panel=_OUTPUT)]
+ResultsJsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object with the results on stdout; the live view and the"
+                       " tables go to stderr.", rich_help_panel=_OUTPUT)
+]
+AbOpt = Annotated[
+    str | None, typer.Option("--ab", help="A/B arms: preempt, resume or both (GMLX_MTP_PREEMPT / GMLX_MTP_RESUME on"
+                             " and off), each in a fresh engine.", show_default=False, rich_help_panel=_RUN)
+]
+BaselineOpt = Annotated[
+    list[str] | None, typer.Option("--baseline", help="Extra arms: plain (this engine without speculation), mlx-lm"
+                                   " (BatchGenerator and stream_generate). Repeatable or a comma list.",
+                                   show_default=False, rich_help_panel=_RUN)
+]
+VerifyOpt = Annotated[
+    bool, typer.Option("--verify", help="Compare every stream with a solo plain run; exit 1 on a mismatch.",
+                       rich_help_panel=_RUN)
+]

@@ -1,0 +1,344 @@
+"""`gmlx bench`: simulated concurrent streams through the engine, per arm and concurrency.
+
+Arms: the engine as configured, or the PREEMPT/RESUME A/B (switches passed to a fresh Engine per
+run: never the process environment, so arms cannot leak into each other), plus baselines: the
+same engine without speculation, mlx-lm's BatchGenerator and stream_generate. Arms alternate
+(ABBA) within every cell so that drift on a shared machine hits them alike (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import sys
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import typer
+
+from gmlx import blas
+from gmlx.config import EngineConfig, Switches
+from gmlx.engine import Engine
+from gmlx.errors import GmlxError, InvalidRequest
+from gmlx.intake import make_row
+from gmlx.metrics import Event, EventKind
+from gmlx_cli import generate as _gen
+from gmlx_cli import ui
+from gmlx_cli.live import LiveView, print_table
+from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, ConcurrencyOpt, DebugOpt, IgnoreEosOpt,
+                              JoinAfterOpt, LongTokensOpt, MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt,
+                              PromptsFileOpt, RateOpt, RepeatsOpt, RequestsOpt, ResultsJsonOpt, SeedOpt, StaggerOpt,
+                              TempOpt, VerifyOpt, WarmupOpt, WidthCapOpt)
+from gmlx_cli.workload import (Arrival, Backend, EngineBackend, build_requests, drive, load_prompt_specs,
+                               parse_int_list, parse_token_range)
+
+AB_VALUES = ("preempt", "resume", "both")
+BASELINES = ("plain", "mlx-lm")
+
+
+class VerificationFailed(GmlxError):
+    """A stream differed from its solo plain run beyond a floating-point near-tie."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    backend: str = "gmlx"  # gmlx | mlx-lm-batch | mlx-lm-stream
+    speculative: bool = True
+    preempt: bool = True
+    resume: bool = True
+
+
+@dataclass
+class Run:
+    arm: Arm
+    concurrency: int
+    repeat: int
+    cap: str = "-"
+    outcomes: list = field(default_factory=list)
+    transitions: dict = field(default_factory=dict)
+
+
+def parse_choices(values: list[str], allowed: tuple[str, ...], option: str) -> list[str]:
+    out = [v.strip() for raw in values for v in raw.split(",") if v.strip()]
+    bad = [v for v in out if v not in allowed]
+    if bad:
+        raise InvalidRequest(f"{option} must be one of {', '.join(allowed)}; got {bad[0]!r}")
+    return list(dict.fromkeys(out))
+
+
+def plan_arms(ab: str | None, baselines: list[str], env: Switches, has_drafter: bool) -> list[Arm]:
+    base = Arm("gmlx", speculative=has_drafter, preempt=env.preempt, resume=env.resume)
+    if ab == "preempt":
+        arms = [replace(base, name=f"gmlx-preempt{int(p)}", preempt=p) for p in (True, False)]
+    elif ab == "resume":
+        arms = [replace(base, name=f"gmlx-resume{int(r)}", resume=r) for r in (True, False)]
+    elif ab == "both":
+        arms = [replace(base, name=f"gmlx-preempt{int(p)}-resume{int(r)}", preempt=p, resume=r)
+                for p, r in itertools.product((True, False), repeat=2)]
+    else:
+        arms = [base]
+    if "plain" in baselines:
+        arms.append(replace(base, name="gmlx-plain", speculative=False))
+    if "mlx-lm" in baselines:
+        arms += [Arm("mlx-lm-batch", "mlx-lm-batch", False), Arm("mlx-lm-stream", "mlx-lm-stream", False)]
+    return arms
+
+
+# -- mlx-lm baselines, behind the same Backend interface as the engine ---------------------------
+class _MlxLmBackend(Backend):
+    """Shared bookkeeping; rounds are reported as engine-style Events so one driver and one live
+    view serve every arm. mlx-lm samples from MLX's global generator, so its sampled streams are
+    not comparable token for token: baselines measure speed, not equality."""
+
+    def __init__(self, lm, ignore_eos: bool):
+        from mlx_lm.sample_utils import make_sampler
+
+        self.lm, self.make_sampler = lm, make_sampler
+        self.eos = set() if ignore_eos else set(lm.eos_ids)
+        self.live: dict[int, list] = {}  # rid -> [tokens, finish reason]
+        self.ids = itertools.count()
+
+    def result(self, rid):
+        tokens, reason = self.live.pop(rid)
+        return tokens, reason, {}
+
+    @property
+    def has_work(self):
+        return any(v[1] is None for v in self.live.values())
+
+    def _events(self, got: list[tuple[int, int | None, str | None]]) -> list[Event]:
+        """(rid, token or None, finish reason) per row -> a ROUND event and FINISH events.
+        An EOS token ends the request without being emitted, as in gmlx and stream_generate."""
+        rows, fin = [], []
+        for rid, tok, reason in got:
+            keep = tok is not None and tok not in self.eos
+            if keep:
+                self.live[rid][0].append(tok)
+            rows.append((rid, 0, 0, int(keep)))
+            if reason is not None:
+                self.live[rid][1] = reason
+                fin.append(Event(EventKind.FINISH, "mlx-lm", len(got), rid=rid))
+        return [Event(EventKind.ROUND, "mlx-lm", len(got), rows=tuple(rows))] + fin
+
+
+class MlxBatchBackend(_MlxLmBackend):
+    def __init__(self, lm, ignore_eos: bool, concurrency: int):
+        super().__init__(lm, ignore_eos)
+        from mlx_lm.generate import BatchGenerator
+
+        stop = [[e] for e in sorted(self.eos)] or None
+        self.gen = BatchGenerator(lm.target.model, stop_tokens=stop, completion_batch_size=concurrency,
+                                  prefill_batch_size=min(concurrency, 8))
+
+    def submit(self, prompt_ids, params):
+        (uid,) = self.gen.insert([prompt_ids], max_tokens=[params.max_tokens],
+                                 samplers=[self.make_sampler(params.temperature)])
+        self.live[uid] = [[], None]
+        return uid
+
+    def step(self):
+        got = self.gen.next_generated()
+        if not got:  # it holds nothing we are waiting for: fail loudly rather than spin
+            raise RuntimeError("mlx-lm BatchGenerator returned no tokens with requests unfinished")
+        return self._events([(r.uid, r.token, r.finish_reason) for r in got])
+
+    def close(self):
+        self.gen.close()
+
+
+class MlxStreamBackend(_MlxLmBackend):
+    """stream_generate serves one request at a time; the others wait, as with a single-stream server.
+    With --ignore-eos it is generate_step (what stream_generate wraps) without the EOS check."""
+
+    def __init__(self, lm, ignore_eos: bool):
+        super().__init__(lm, ignore_eos)
+        self.queue: deque = deque()
+        self.cur = None
+
+    def submit(self, prompt_ids, params):
+        rid = next(self.ids)
+        self.live[rid] = [[], None]
+        self.queue.append((rid, prompt_ids, params))
+        return rid
+
+    def _tokens(self, ids, params):
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step, stream_generate
+
+        sampler, model, m = self.make_sampler(params.temperature), self.lm.target.model, params.max_tokens
+        if not self.eos:
+            for n, (tok, _) in enumerate(generate_step(mx.array(ids), model, max_tokens=m, sampler=sampler)):
+                yield int(tok), "length" if n + 1 == m else None
+            return
+        for r in stream_generate(model, self.lm.tokenizer, ids, max_tokens=m, sampler=sampler):
+            yield int(r.token), r.finish_reason
+
+    def step(self):
+        if self.cur is None:
+            rid, ids, params = self.queue.popleft()
+            self.cur = (rid, self._tokens(ids, params))
+        rid, gen = self.cur
+        tok, reason = next(gen, (None, "length"))
+        if reason is not None:
+            self.cur = None
+        return self._events([(rid, tok, reason)])
+
+    def close(self):
+        if self.cur is not None:
+            self.cur[1].close()  # leaves stream_generate's wired-limit context
+        self.queue.clear()
+
+
+def make_backend(lm, arm: Arm, config: EngineConfig, concurrency: int, ignore_eos: bool) -> tuple[Backend, str]:
+    """A fresh backend for one run, and the cap it runs under (for the view and the tables)."""
+    if arm.backend == "mlx-lm-batch":
+        return MlxBatchBackend(lm, ignore_eos, concurrency), "-"
+    if arm.backend == "mlx-lm-stream":
+        return MlxStreamBackend(lm, ignore_eos), "-"
+    engine = Engine(lm, replace(config, speculative=arm.speculative),
+                    switches=Switches(preempt=arm.preempt, resume=arm.resume))
+    return EngineBackend(engine), engine.cap_decision().text if arm.speculative else "-"
+
+
+def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, runs, ignore_eos=False) -> list[Run]:
+    """Every (concurrency, repeat) runs every arm, in ABBA order. Each run is appended to `runs`
+    before it starts, so an interrupt leaves the caller the partial one too."""
+    for c in concurrencies:
+        for rep in range(repeats):
+            for arm in arms if rep % 2 == 0 else arms[::-1]:
+                backend, cap = make_backend(lm, arm, config, c, ignore_eos)
+                run = Run(arm, c, rep, cap)
+                runs.append(run)
+                view.begin(f"{arm.name} c={c} rep {rep}", speculative=arm.speculative, cap=cap)
+                try:
+                    drive(backend, requests, ids, c, view.on_event, view.submitted, done=run.outcomes)
+                finally:
+                    run.transitions = backend.transitions()
+                view.end()
+    return runs
+
+
+def verify_runs(lm, runs) -> tuple[int, int, list[str]]:
+    """Every finished gmlx stream against a solo plain run of the same request (DESIGN §3):
+    (checked, near-ties, mismatch lines). Each distinct request is decoded once."""
+    from gmlx.testing import compare_streams, run_scalar
+
+    refs: dict = {}
+    checked, ties, bad = 0, 0, []
+    for run in runs:
+        for o in run.outcomes:
+            if run.arm.backend != "gmlx" or o.finish_reason not in ("length", "stop"):
+                continue
+            p = o.request.params
+            key = (tuple(o.prompt_tokens), p)
+            if key not in refs:
+                refs[key] = run_scalar(lm, o.prompt_tokens, p, speculative=False,
+                                       eos_ids=() if p.ignore_eos else None).tokens
+            cmp = compare_streams(lm, o.prompt_tokens, refs[key], o.tokens, p)
+            checked, ties = checked + 1, ties + (cmp.tie and not cmp.equal)
+            if not cmp.ok:
+                bad.append(f"{run.arm.name} c={run.concurrency} rep {run.repeat} request {o.request.request_id}:"
+                           f" differs at token {cmp.position} (top-2 margin {cmp.margin:.3g})")
+    return checked, ties, bad
+
+
+def bench(
+    concurrency: ConcurrencyOpt = "1,2,4,8",
+    requests: RequestsOpt = 16,
+    arrival: ArrivalOpt = "burst",
+    stagger: StaggerOpt = 0.25,
+    rate: RateOpt = 4.0,
+    join_after: JoinAfterOpt = 0.5,
+    long_tokens: LongTokensOpt = None,
+    prompts: PromptsFileOpt = None,
+    max_tokens: MaxTokensRangeOpt = "64",
+    temp: TempOpt = 0.0,
+    seed: SeedOpt = None,
+    ignore_eos: IgnoreEosOpt = False,
+    model: ModelOpt = None,
+    num_draft_tokens: NumDraftOpt = None,
+    speculative_width_cap: WidthCapOpt = None,
+    ab: AbOpt = None,
+    baseline: BaselineOpt = None,
+    verify: VerifyOpt = False,
+    repeats: RepeatsOpt = 1,
+    warmup: WarmupOpt = True,
+    out: OutDirOpt = Path("bench_results"),
+    json_output: ResultsJsonOpt = False,
+    debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
+) -> None:
+    """Benchmark simulated concurrent requests: live view, per-cell summary, CSV/JSON/PNG in --out."""
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()}  # recorded with the results
+    from gmlx_cli import results  # pandas: only when a command needs it
+
+    # Every check that needs no model comes first: a typo must not cost a load.
+    concs = parse_int_list(concurrency, "--concurrency")
+    budget = parse_token_range(max_tokens)
+    arr = Arrival(arrival, stagger, rate, join_after, long_tokens).validated()
+    if ab is not None and ab not in AB_VALUES:
+        raise InvalidRequest(f"--ab must be one of {', '.join(AB_VALUES)}; got {ab!r}")
+    baselines = parse_choices(baseline or [], BASELINES, "--baseline")
+    if repeats < 1:
+        raise InvalidRequest(f"--repeats must be >= 1, got {repeats}")
+    if requests < 1:
+        raise InvalidRequest(f"--requests must be >= 1, got {requests}")
+    seed = secrets.randbits(31) if seed is None else seed
+    specs = load_prompt_specs(prompts)
+    reqs = build_requests(specs, requests, arr, budget, temp, seed, ignore_eos)
+    config = EngineConfig(num_draft_tokens=num_draft_tokens, width_cap=speculative_width_cap).validated()
+    env = Switches.from_env()
+    blas.warn_if_reference()
+    lm = _gen._load_model(model)
+    ids = {r.request_id: make_row(lm, r.prompt, r.params).prompt for r in reqs}  # validates length vs context
+    arms = plan_arms(ab, baselines, env, lm.has_drafter)
+    human = sys.stderr if json_output else sys.stdout
+    view = LiveView(len(arms) * len(concs) * repeats * len(reqs), human)
+    runs: list[Run] = []
+    interrupted, verdict = False, None
+    try:
+        if warmup:  # compile and fill allocator caches per arm: not recorded
+            for arm in arms:
+                short = [replace(r, params=replace(r.params, max_tokens=min(4, r.params.max_tokens)), arrival_s=0.0,
+                                 after_start=False) for r in reqs[:2]]
+                drive(make_backend(lm, arm, config, 2, ignore_eos)[0], short, ids, 2)
+        with view:
+            run_matrix(lm, arms, reqs, ids, concs, repeats, config, view, runs, ignore_eos)
+        if verify:
+            verdict = verify_runs(lm, runs)
+    except KeyboardInterrupt:
+        interrupted = True
+    req_df = results.requests_frame(runs)
+    cell_df = results.cells_frame(runs, req_df)
+    meta = results.metadata(
+        command="bench", model=lm.name, model_path=str(lm.path), seed=seed, interrupted=interrupted, options=options,
+        config={"num_draft_tokens": num_draft_tokens, "default_k": lm.default_k,
+                "speculative_width_cap": speculative_width_cap, "arms": [a.__dict__ for a in arms]})
+    payload = {"meta": meta, "cells": results.records(cell_df),
+               "requests": results.records(req_df),
+               "transitions": results.transitions_by_arm(runs)}
+    if verdict is not None:
+        payload["verify"] = {"checked": verdict[0], "near_ties": verdict[1], "mismatches": verdict[2]}
+    paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
+    if len(cell_df):
+        paths["png"] = results.plot_bench(cell_df, paths["json"].with_suffix(".png"))
+    print_table("summary per cell (TTFT, ITL in ms; req tok/s = median per request)", *results.summary_table(cell_df), human)
+    print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
+    if json_output:
+        sys.stdout.write(json.dumps(payload) + "\n")
+        sys.stdout.flush()
+    if interrupted:
+        # typer turns a KeyboardInterrupt into a silent exit 130; say what was kept.
+        ui.error(f"interrupted; partial results written to {paths['json']}")
+        raise typer.Exit(130)
+    if verdict is not None:
+        for line in verdict[2]:
+            print(f"mismatch: {line}", file=sys.stderr)
+        print(f"verify: {verdict[0]} streams checked, {len(verdict[2])} mismatches, {verdict[1]} near-ties",
+              file=human, flush=True)
+        if verdict[2]:
+            raise VerificationFailed(f"{len(verdict[2])} of {verdict[0]} streams differ from a solo plain run"
+                                     " (listed above)")
+

@@ -1,0 +1,203 @@
+"""The live view of a bench run and the summary tables, rendered with Rich.
+
+The view is built from engine `Event`s only (rounds, transitions, finishes; the mlx-lm baselines
+synthesise the same events), plus the submit times the workload driver reports, so it can never
+slow the engine down with queries or syncs, and it is testable without a terminal: feed events,
+read `header()` / `rows()` / `render()`. On a terminal it is a Rich Live panel that repaints at
+most 10 times a second; elsewhere (a pipe, a CI log) it prints plain lines: one per finished
+request and one per run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from gmlx.metrics import Event, EventKind
+
+# ROUND event modes (the round kind) -> the loop state a user knows from DESIGN §2.
+_ROUND_STATE = {"scalar": "scalar", "speculative": "batched", "capture": "batched", "plain": "gated",
+                "plain_last": "gated"}
+_REFRESH_S = 0.1
+
+
+@dataclass
+class _Req:
+    rid: int
+    t_submit: float
+    state: str = "queued"
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    spec_rounds: int = 0
+    t_first: float | None = None
+    t_last: float | None = None
+
+
+class LiveView:
+    def __init__(self, total: int, file: TextIO | None = None, *, rich: bool | None = None, clock=time.perf_counter,
+                 max_rows: int = 16):
+        self.file = file or sys.stdout
+        self.rich = self.file.isatty() if rich is None else rich
+        self.total, self.completed, self.clock, self.max_rows = total, 0, clock, max_rows
+        self.label, self.cap, self.speculative = "", "-", True
+        self._reqs: dict[int, _Req] = {}
+        self._live = None
+        self._last_paint = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._reqs.clear()
+        self.t0 = self.clock()
+        self.tokens, self.mode, self.width = 0, "Idle", 0
+        self.transitions = {"preempt": 0, "gate": 0, "resume": 0, "capture": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "LiveView":
+        if self.rich:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(self.render(), console=Console(file=self.file), auto_refresh=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.update(self.render(), refresh=True)
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def begin(self, label: str, *, speculative: bool = True, cap: str = "-") -> None:
+        """A new run (one arm at one concurrency, one repeat): per-run figures start over."""
+        self.label, self.speculative, self.cap = label, speculative, cap
+        self._reset()
+        if not self.rich:
+            self._line(f"== {label} (cap {cap})")
+        self._paint(force=True)
+
+    def end(self) -> None:
+        if not self.rich:
+            self._line(f"   {self.label}: {self.tokens} tokens, {self.aggregate_tps():.1f} tok/s aggregate,"
+                       f" transitions {self._transitions_text()}")
+        self._paint(force=True)
+
+    # -- inputs --------------------------------------------------------------------------------
+    def submitted(self, rid: int, _t: float | None = None) -> None:
+        self._reqs[rid] = _Req(rid, self.clock())
+
+    def on_event(self, ev: Event) -> None:
+        now = self.clock()
+        if ev.kind is EventKind.ROUND:
+            state = _ROUND_STATE.get(ev.mode, ev.mode)
+            if state == "gated" and not self.speculative:
+                state = "plain"  # an engine without speculation is not "gated": it never arms
+            self.mode, self.width = state.capitalize(), ev.width
+            for rid, drafted, accepted, n in ev.rows:
+                r = self._reqs.setdefault(rid, _Req(rid, now))
+                r.state, r.tokens = state, r.tokens + n
+                r.drafted, r.accepted, r.spec_rounds = r.drafted + drafted, r.accepted + accepted, r.spec_rounds + (drafted > 0)
+                if n:
+                    r.t_first = r.t_first if r.t_first is not None else now
+                    r.t_last = now
+                self.tokens += n
+        elif ev.kind is EventKind.TRANSITION and ev.transition in self.transitions:
+            self.transitions[ev.transition] += 1
+        elif ev.kind is EventKind.FINISH:
+            r = self._reqs.pop(ev.rid, None)
+            self.completed += 1
+            if not self.rich and r is not None:
+                self._line("   " + " ".join(f"{k} {v}" for k, v in zip(_COLUMNS, self._row(r, now)) if k != "state"))
+        self._paint()
+
+    # -- what is shown -------------------------------------------------------------------------
+    def aggregate_tps(self) -> float:
+        dt = self.clock() - self.t0
+        return self.tokens / dt if dt > 0 else 0.0
+
+    def _transitions_text(self) -> str:
+        return " ".join(f"{k} {v}" for k, v in self.transitions.items())
+
+    def header(self) -> str:
+        return (f"{self.label}  mode {self.mode}  width {self.width}  cap {self.cap}  "
+                f"{self.aggregate_tps():.1f} tok/s  {self._transitions_text()}")
+
+    def _row(self, r: _Req, now: float) -> tuple[str, ...]:
+        acc = f"{r.accepted / r.drafted:.0%}" if r.drafted else "-"
+        mal = f"{1 + r.accepted / r.spec_rounds:.2f}" if r.spec_rounds else "-"
+        span = (r.t_last or now) - r.t_first if r.t_first is not None else 0.0
+        tps = f"{(r.tokens - 1) / span:.1f}" if r.tokens > 1 and span > 0 else "-"
+        ttft = f"{(r.t_first - r.t_submit) * 1000:.0f}ms" if r.t_first is not None else "-"
+        return (str(r.rid), r.state, str(r.tokens), acc, mal, tps, ttft)
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row per active request: id, state, tokens, acceptance, mean accepted length, tok/s, TTFT."""
+        now = self.clock()
+        return [self._row(r, now) for r in list(self._reqs.values())[: self.max_rows]]
+
+    def render(self):
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(box=None, pad_edge=False, header_style="bold cyan")
+        for name in _COLUMNS:
+            table.add_column(name, justify="left" if name in ("state",) else "right")
+        for row in self.rows():
+            table.add_row(*row)
+        hidden = len(self._reqs) - self.max_rows
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(ProgressBar(total=max(self.total, 1), completed=self.completed, width=40),
+                    Text(f"{self.completed}/{self.total} requests"))
+        parts = [Text(self.header(), style="bold"), table]
+        if hidden > 0:
+            parts.append(Text(f"... {hidden} more"))
+        return Group(*parts, bar)
+
+    def _paint(self, force: bool = False) -> None:
+        if self._live is None:
+            return
+        now = self.clock()
+        if force or now - self._last_paint >= _REFRESH_S:
+            self._last_paint = now
+            self._live.update(self.render(), refresh=True)
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.file, flush=True)
+
+
+_COLUMNS = ("id", "state", "tokens", "accept", "mean len", "tok/s", "TTFT")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], file: TextIO | None = None) -> None:
+    """A summary table: Rich on a terminal, aligned plain text otherwise (greppable, no escapes)."""
+    out = file or sys.stdout
+    cells = [[_fmt(v) for v in row] for row in rows]
+    if out.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left", header_style="bold cyan")
+        for i, c in enumerate(columns):
+            table.add_column(c, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        for row in cells:
+            table.add_row(*row)
+        Console(file=out, highlight=False).print(table)
+        return
+    widths = [max(len(str(c)), *(len(r[i]) for r in cells)) if cells else len(str(c)) for i, c in enumerate(columns)]
+    print(title, file=out)
+    for r in [[str(c) for c in columns], *cells]:  # the first column (a name) left, figures right
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))), file=out)
+    out.flush()
+
+
+def _fmt(v: object) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)

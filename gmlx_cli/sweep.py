@@ -1,0 +1,201 @@
+"""`gmlx sweep-cap`: measure where speculation stops paying as the batch widens, and recommend
+`speculative_width_cap` from the measurement instead of a guess.
+
+At each width W, W fixed-length requests (ignore_eos) are submitted together to a fresh engine,
+once with speculation forced on at every width (cap 0 = uncapped) for each K, once plain. Only
+steady-state rounds count: the step that forms the batch (prefill) is skipped, as is any round
+after the first row finished (the width is no longer W). Arms alternate per width and repeat;
+figures are medians, speedups medians of paired ratios (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gmlx import blas, caps
+from gmlx.config import EngineConfig, SamplingParams, Switches
+from gmlx.engine import Engine
+from gmlx.errors import InvalidRequest
+from gmlx.metrics import EventKind
+from gmlx_cli import generate as _gen
+from gmlx_cli import ui
+from gmlx_cli.live import LiveView, print_table
+from gmlx_cli.options import DebugOpt, ModelOpt, OutDirOpt, PromptsFileOpt, RepeatsOpt, ResultsJsonOpt, WarmupOpt
+from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
+
+DEFAULT_WIDTHS = "1,2,3,4,6,8,12,16"
+
+
+def measure(lm, prompts: list[list[int]], width: int, max_tokens: int, config: EngineConfig, seed: int = 0) -> dict:
+    """Steady-state aggregate tokens/s of `width` requests decoding together in a fresh engine."""
+    engine = Engine(lm, config, switches=Switches())
+    streams = [engine.submit(prompts[i % len(prompts)], SamplingParams(max_tokens=max_tokens, seed=seed + i,
+                                                                        ignore_eos=True), start=False)
+               for i in range(width)]
+    steady, total = [0, 0.0], [0, 0.0]  # tokens, seconds
+    try:
+        first = True
+        while engine.has_work:
+            t = time.perf_counter()
+            events = engine.step()
+            dt = time.perf_counter() - t
+            rounds = [e for e in events if e.kind is EventKind.ROUND]
+            n = sum(row[3] for e in rounds for row in e.rows)
+            total[0], total[1] = total[0] + n, total[1] + dt
+            if not first and rounds and all(e.width == width for e in rounds):
+                steady[0], steady[1] = steady[0] + n, steady[1] + dt
+            first = False
+    finally:
+        engine.close()
+    tokens, seconds = steady if steady[1] > 0 else total  # too short for a steady state: all of it
+    recs = [s.wait(0) for s in streams]
+    drafted = sum(r.stats.get("num_drafted", 0) for r in recs)
+    accepted = sum(r.stats.get("num_accepted", 0) for r in recs)
+    return {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "tokens": tokens, "seconds": seconds,
+            "draft_acceptance_rate": accepted / drafted if drafted else float("nan")}
+
+
+def recommend(summary: list[dict], margin: float) -> int | str:
+    """The largest W with speedup >= margin at every measured width <= W; "off" when the
+    smallest width already loses (distinct from 0, which means uncapped)."""
+    cap: int | str = caps.OFF
+    for row in sorted(summary, key=lambda r: r["width"]):
+        if not row["speedup"] >= margin:  # NaN loses too
+            break
+        cap = row["width"]
+    return cap
+
+
+def sweep_cap(
+    model: ModelOpt = None,
+    widths: Annotated[str, typer.Option("--widths", help="Batch widths to measure, a comma list.")] = DEFAULT_WIDTHS,
+    num_draft_tokens: Annotated[str | None, typer.Option(
+        "--num-draft-tokens", help="K to measure, a comma list (several: the best K per width is recorded)."
+        " Default: the model's.", show_default=False)] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens per request (fixed length).")] = 64,
+    margin: Annotated[float, typer.Option("--margin", help="Speculation must beat plain by this factor.")] = 1.05,
+    prompts: PromptsFileOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the first request (the others count up).")] = 0,
+    repeats: RepeatsOpt = 3,
+    warmup: WarmupOpt = True,
+    write: Annotated[bool, typer.Option("--write", help="Store the cap (and K per width) in the user config,"
+                                        " keyed by model and machine.")] = False,
+    validate: Annotated[bool, typer.Option("--validate", help="Then run the PREEMPT/RESUME A/B on a join-late"
+                                           " workload at the new cap.")] = False,
+    out: OutDirOpt = Path("bench_results"),
+    json_output: ResultsJsonOpt = False,
+    debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
+) -> None:
+    """Measure speculative vs plain throughput per batch width and recommend speculative_width_cap."""
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()}
+    from gmlx_cli import results  # pandas: only when a command needs it
+
+    ws = sorted(parse_int_list(widths, "--widths"))
+    ks_given = parse_int_list(num_draft_tokens, "--num-draft-tokens") if num_draft_tokens is not None else None
+    if max_tokens < 2:
+        raise InvalidRequest(f"--max-tokens must be >= 2 for a steady state, got {max_tokens}")
+    if repeats < 1:
+        raise InvalidRequest(f"--repeats must be >= 1, got {repeats}")
+    if not margin > 0:
+        raise InvalidRequest(f"--margin must be > 0, got {margin}")
+    specs = load_prompt_specs(prompts)
+    blas.warn_if_reference()
+    lm = _gen._load_model(model)
+    if not lm.has_drafter:
+        raise InvalidRequest(f"{lm.name} has no MTP head: there is no speculation to calibrate")
+    ks = ks_given or [lm.default_k]
+    ids = [list(lm.tokenizer.encode(s.prompt)) for s in specs]
+    human = sys.stderr if json_output else sys.stdout
+    arms = [("plain", None)] + [("spec", k) for k in ks]
+
+    def config(k):
+        return EngineConfig(speculative=k is not None, num_draft_tokens=k, width_cap=0 if k else None)
+
+    rows: list[dict] = []
+    interrupted = False
+    try:
+        if warmup:
+            for _, k in arms:
+                measure(lm, ids, min(ws), min(8, max_tokens), config(k), seed)
+        for rep in range(repeats):
+            for i, w in enumerate(ws):
+                for arm, k in arms if (rep + i) % 2 == 0 else arms[::-1]:
+                    m = measure(lm, ids, w, max_tokens, config(k), seed)
+                    rows.append({"width": w, "arm": arm, "k": k, "repeat": rep, **m})
+                    print(f"width {w:>3} rep {rep} {arm:5} {'' if k is None else f'K={k}':4} "
+                          f"{m['tokens_per_s']:8.1f} tok/s", file=human, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+    df = results.sweep_frame(rows)
+    summary = results.sweep_summary(df, ws, ks)
+    cap = recommend(summary, margin) if summary and not interrupted else None
+    mkey, machine = caps.model_key(model), caps.machine_key()
+    payload = {"meta": results.metadata(command="sweep-cap", model=lm.name, model_path=str(lm.path), options=options,
+                                        interrupted=interrupted, model_key=mkey, machine_key=machine),
+               "widths": ws, "num_draft_tokens": ks, "margin": margin, "max_tokens": max_tokens, "repeats": repeats,
+               "per_width": [{**r, "spec": {str(k): v for k, v in r["spec"].items()}} for r in summary],
+               "measurements": results.records(df), "recommended_cap": cap, "written": None, "validate": None}
+    if cap is not None:
+        print_table("speculative vs plain, aggregate tokens/s (steady state, medians)",
+                    *results.sweep_table(summary, ks, margin), human)
+        print(f"recommended speculative_width_cap: {cap}" + (" (speculation never wins by the margin)"
+                                                            if cap == caps.OFF else ""), file=human, flush=True)
+        k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and r["width"] <= cap}
+        if write:
+            path = caps.write_cap(mkey, cap, k_by_width=k_by_width if len(ks) > 1 else None, machine=machine)
+            payload["written"] = str(path)
+            print(f"wrote speculative_width_cap = {cap} for {mkey} on {machine} to {path}", file=human, flush=True)
+        if validate:
+            interrupted = _validate(lm, cap, bool(payload["written"]), specs, max_tokens, seed, repeats, payload,
+                                    human)
+    paths = results.write_tables(out, "sweep", payload, {"measurements": df})
+    if summary:
+        paths["png"] = results.plot_sweep(summary, cap if cap is not None else caps.OFF, margin,
+                                          paths["json"].with_suffix(".png"))
+    print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
+    if json_output:
+        sys.stdout.write(json.dumps(payload, default=str) + "\n")
+        sys.stdout.flush()
+    if interrupted:
+        # typer turns a KeyboardInterrupt into a silent exit 130; say what was kept.
+        ui.error(f"interrupted; partial results written to {paths['json']}")
+        raise typer.Exit(130)
+
+
+def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats: int, payload: dict, human) -> bool:
+    """PREEMPT/RESUME A/B on join-late at the new cap: TTFT and throughput per arm. Returns
+    whether it was interrupted (its partial figures are kept)."""
+    from gmlx_cli import results
+    from gmlx_cli.bench import plan_arms, run_matrix
+
+    if cap == caps.OFF and not written:
+        # EngineConfig.width_cap takes no "off"; the engine reads it only from the user config.
+        ui.notice('--validate at cap "off" needs --write (the engine takes "off" from the user config only); skipped')
+        return False
+    n = (cap if isinstance(cap, int) and cap > 0 else 2) + 2  # the waiters overflow the cap: gate, then resume
+    reqs = build_requests(specs, n, Arrival("join-late", join_after_s=0.0, long_tokens=4 * max_tokens),
+                          (max(1, max_tokens // 2), max_tokens), 0.0, seed, ignore_eos=True)
+    ids = {r.request_id: list(lm.tokenizer.encode(r.prompt)) for r in reqs}
+    arms = plan_arms("both", [], Switches(), lm.has_drafter)
+    config = EngineConfig(width_cap=None if cap == caps.OFF else cap)
+    runs, interrupted = [], False
+    view = LiveView(len(arms) * repeats * n, human)
+    try:
+        with view:
+            run_matrix(lm, arms, reqs, ids, [n], repeats, config, view, runs, ignore_eos=True)
+    except KeyboardInterrupt:
+        interrupted = True
+    cells = results.cells_frame(runs, results.requests_frame(runs))
+    payload["validate"] = {"cap": cap, "requests": n, "cells": results.records(cells),
+                           "transitions": results.transitions_by_arm(runs)}
+    print_table(f"validate: join-late, {n} requests at cap {cap}",
+                ["arm", "TTFT p50 ms", "TTFT p95 ms", "agg tok/s", "preempt", "gate", "resume", "capture"],
+                [[c.arm, c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3, c.aggregate_tokens_per_s, c.preempt, c.gate,
+                  c.resume, c.capture] for c in cells.itertuples()], human)
+    return interrupted
