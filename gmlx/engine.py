@@ -158,9 +158,9 @@ class Engine:
 
     def step(self) -> list[Event]:
         """One round: reap cancellations, plan, apply the transition, run the round, retire."""
-        self._reap_cancelled()
+        events = self._reap_cancelled()
         plan = admission.plan(self._view())
-        events = self._apply(plan)
+        events += self._apply(plan)
         events += self._round(plan.round)
         events += self._retire_finished()
         for ev in events:
@@ -268,9 +268,12 @@ class Engine:
         if kind is Round.NONE:
             return []
         t0 = time.perf_counter()
-        if kind is Round.SCALAR:
+        if kind in (Round.SCALAR, Round.SCALAR_LAST):
             rows = [self._seq.row]
-            results = [self._plain.round() if self._plain is not None else self.scalar.round(self._seq)]
+            if self._plain is not None:
+                results = [self._plain.round(successor=kind is Round.SCALAR)]
+            else:
+                results = [self.scalar.round(self._seq)]
         else:
             rows = list(self.batch.rows)
             if kind is Round.SPECULATIVE:
@@ -307,7 +310,8 @@ class Engine:
             self.counters.transitions[kind] += 1
         return Event(EventKind.TRANSITION, self.mode.value, len(self._live_rows()), transition=kind, reason=reason)
 
-    def _reap_cancelled(self) -> None:
+    def _reap_cancelled(self) -> list[Event]:
+        """Cancelled requests leave at this boundary, before the plan counts the width."""
         now = time.perf_counter()
         with self._lock:
             gone = [r for r in self._queue if self._streams[r.rid].cancelled]
@@ -317,6 +321,7 @@ class Engine:
             r.finish("cancelled", now)
             if r.state is RowState.QUEUED:
                 self._deliver_final(r)
+        return self._retire_finished()
 
     def _retire_finished(self) -> list[Event]:
         live = self._live_rows()

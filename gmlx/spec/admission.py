@@ -35,6 +35,7 @@ class Mode(Enum):
 class Round(Enum):
     NONE = "none"
     SCALAR = "scalar"
+    SCALAR_LAST = "scalar_last"  # scalar plain decode consuming its lookahead, no successor
     SPECULATIVE = "speculative"
     PLAIN = "plain"  # gated plain round, dispatching its successor
     PLAIN_LAST = "plain_last"  # plain round consuming the lookahead, no successor
@@ -94,7 +95,7 @@ def _plan_scalar(v: View) -> Plan:
     if v.queued == 0 or not v.preempt:
         return Plan(None, 0, False, Round.SCALAR)
     if v.scalar_lookahead:  # consume the plain decoder's in-flight step before moving the request
-        return Plan(None, 0, False, Round.SCALAR, "hold preempt one round")
+        return Plan(None, 0, False, Round.SCALAR_LAST, "hold preempt one round: consume the plain lookahead")
     width = 1 + v.queued
     if v.speculative and allows(v.cap, width):
         return Plan("preempt", v.queued, False, Round.CAPTURE, f"{v.queued} waiting; width {width} within the cap")
@@ -117,8 +118,10 @@ def _plan_batch(v: View) -> Plan:
         if v.speculative and allows(v.cap, v.width):
             return Plan(None, 0, False, Round.SPECULATIVE)
         return Plan("gate", 0, False, Round.PLAIN, f"width {v.width} over cap {_cap_str(v.cap)}")
+    # A consuming round emits one more token per row before the capture, so count it in.
+    remaining_at_capture = v.min_remaining - (1 if v.lookahead else 0)
     can_resume = (v.speculative and v.resume and allows(v.cap, v.width)
-                  and v.min_remaining >= v.resume_min_remaining)
+                  and remaining_at_capture >= v.resume_min_remaining)
     if not can_resume:
         return Plan(None, 0, False, Round.PLAIN)
     if v.lookahead:
