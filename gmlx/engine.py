@@ -24,8 +24,8 @@ from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
 from gmlx.errors import EngineClosed, NoDrafterError, Overloaded
 from gmlx.intake import make_row
 from gmlx.metrics import Counters, Event, EventKind
-from gmlx.kv import extract_row
 from gmlx.models.loading import LoadedModel, default_model_path, load
+from gmlx.prefill import Prefiller
 from gmlx.prompt_cache import PromptCache
 from gmlx.request import Row, RowState, transition
 from gmlx.sampling import RowSampling
@@ -33,7 +33,7 @@ from gmlx.spec import admission
 from gmlx.spec.admission import Mode, Round
 from gmlx.spec.batch import BatchLoop
 from gmlx.spec.drafter import MTPDrafter
-from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq, prefill_row
+from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
 from gmlx.stream import FinalRecord, Stream
 
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
@@ -64,6 +64,7 @@ class Engine:
         self._model_key = caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
         self.cap_decision()  # a broken user config is an error at engine start, not mid-run
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
+        self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
         self.counters = Counters()
         self.listeners: list[Callable[[Event], None]] = []
         self._seq: ScalarSeq | None = None
@@ -214,7 +215,7 @@ class Engine:
         if plan.transition == "start_scalar":
             row = self._pop(1)[0]
             transition(row, RowState.SCALAR)
-            pre = self._prefill(row, want_hidden=self.speculative)
+            pre = self.prefiller.prefill(row, want_hidden=self.speculative)
             self._seq = self.scalar.start(row, RowSampling.from_params([row.params], [row.seed]), pre)
             self._plain = None if self.speculative else PlainDecoder(self.lm.target, self._seq)
             self.mode = Mode.SCALAR
@@ -244,25 +245,9 @@ class Engine:
     def _admit(self, rows: list[Row], arm: bool) -> None:
         pres = []
         for row in rows:
-            pres.append(self._prefill(row, want_hidden=arm))
+            pres.append(self.prefiller.prefill(row, want_hidden=arm))
             transition(row, RowState.BATCHED if arm else RowState.GATED)
         self.batch.add(rows, pres, arm=arm)
-
-    def _prefill(self, row: Row, want_hidden: bool) -> Prefilled:
-        """Prefill a request, reusing the longest cached prefix of its prompt. The drafter
-        cold-starts on the remainder (its attention is relative, so its positions may start at 0)."""
-        row.stats.prompt_tokens = len(row.prompt)
-        hit = self.prompt_cache.lookup(row.prompt) if self.prompt_cache is not None else None
-        if hit is None:
-            return prefill_row(self.lm.target, row, self.config.prefill_step_size, want_hidden)
-        return prefill_row(self.lm.target, row, self.config.prefill_step_size, want_hidden, hit.caches, hit.length)
-
-    def _retire_into_prompt_cache(self, row: Row, caches: list) -> None:
-        """Offer a finished request's KV back (never a preempted one's: it dropped that context)."""
-        if self.prompt_cache is None or row.preempted or row.finish_reason in ("error", "cancelled"):
-            return
-        n = caches[0].offset
-        self.prompt_cache.insert((row.prompt + row.tokens)[:n], caches)
 
     def _round(self, kind: Round) -> list[Event]:
         if kind is Round.NONE:
@@ -333,12 +318,12 @@ class Engine:
             self._deliver_final(r)
             events.append(Event(EventKind.FINISH, self.mode.value, len(live), rid=r.rid, stats=r.stats.as_dict()))
         if self.mode is Mode.SCALAR:
-            self._retire_into_prompt_cache(self._seq.row, self._seq.cache)
+            self.prefiller.retire(self._seq.row, self._seq.cache)
             self._seq = self._plain = None
         else:
             for i, r in enumerate(self.batch.rows):
-                if r.is_done and self.prompt_cache is not None and not r.preempted:
-                    self._retire_into_prompt_cache(r, extract_row(self.batch.cache, i))
+                if r.is_done:
+                    self.prefiller.retire_batch_row(r, self.batch.cache, i)
             self.batch.filter([i for i, r in enumerate(self.batch.rows) if not r.is_done])
         if not self._live_rows():
             self.mode = Mode.IDLE
@@ -350,8 +335,4 @@ class Engine:
         stream = self._streams.pop(row.rid, None)
         if stream is None:
             return
-        stream._finish(FinalRecord(
-            request_id=row.rid, prompt_tokens=list(row.prompt), tokens=list(row.tokens), text=row.text,
-            finish_reason=row.finish_reason or "cancelled", seed=row.seed, speculative=self.speculative,
-            stats=row.stats.as_dict(), error=error))
-
+        stream._finish(FinalRecord.of(row, self.speculative, error))

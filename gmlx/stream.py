@@ -6,7 +6,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from gmlx.request import Piece
+from gmlx.request import Piece, Row
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,12 @@ class FinalRecord:
     speculative: bool
     stats: dict = field(default_factory=dict)
     error: str | None = None
+
+    @classmethod
+    def of(cls, row: Row, speculative: bool, error: str | None = None) -> "FinalRecord":
+        return cls(request_id=row.rid, prompt_tokens=list(row.prompt), tokens=list(row.tokens), text=row.text,
+                   finish_reason=row.finish_reason or "cancelled", seed=row.seed, speculative=speculative,
+                   stats=row.stats.as_dict(), error=error)
 
 
 _END = object()

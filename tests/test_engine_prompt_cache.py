@@ -1,0 +1,75 @@
+"""The prompt cache through the engine: prefix reuse prefills only the remainder and changes no
+token; a preempted request is never offered back."""
+
+import pytest
+from engine_helpers import drive, with_eos
+
+from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.config import Switches
+from gmlx.testing import run_scalar
+
+
+@pytest.fixture(scope="module")
+def lm(lm):
+    """Without EOS ids: budgets alone end requests, whatever the retrainable model emits."""
+    return with_eos(lm, ())
+
+
+@pytest.fixture(scope="module")
+def prompts(lm):
+    from gmlx.data import load_prompts
+
+    return [lm.tokenizer.encode(p) for p in load_prompts()]
+
+
+def P(n, seed=0):
+    return SamplingParams(max_tokens=n, seed=seed)
+
+
+def _solo(lm, prompt, params):
+    return run_scalar(lm, prompt, params, speculative=False).tokens
+
+
+def test_shared_prefix_prefills_only_the_remainder(lm, prompts):
+    eng = Engine(lm, EngineConfig(width_cap=0), switches=Switches())
+    base = prompts[0]
+    first = drive(eng, {0: [("a", base, P(16))]}).streams["a"].wait(1)
+    follow = base + first.tokens[:6] + prompts[1][:3]
+    params = P(12, 3)
+    run = drive(eng, {0: [("b", follow, params)]})
+    rec = run.streams["b"].wait(1)
+    reused = len(base) + 6  # the retired sequence covers the prompt and the first emitted tokens
+    assert rec.stats["prefill_tokens"] == len(follow) - 1 - reused
+    assert rec.tokens == _solo(lm, follow, params)
+    eng.close()
+
+
+def test_shared_prefix_in_a_batch(lm, prompts):
+    eng = Engine(lm, EngineConfig(width_cap=0), switches=Switches())
+    drive(eng, {0: [("a", prompts[2], P(10))]})
+    a2, b = prompts[2] + [prompts[3][0]], prompts[4]
+    run = drive(eng, {0: [("a2", a2, P(10, 1)), ("b", b, P(10, 2))]})
+    assert run.streams["a2"].wait(1).stats["prefill_tokens"] < len(prompts[2]) // 2
+    for name, prompt, params in (("a2", a2, P(10, 1)), ("b", b, P(10, 2))):
+        assert run.streams[name].wait(1).tokens == _solo(lm, prompt, params)
+    eng.close()
+
+
+def test_preempted_request_is_not_retired(lm, prompts):
+    eng = Engine(lm, EngineConfig(width_cap=0), switches=Switches(preempt=True))
+    long_prompt = prompts[5]
+    run = drive(eng, {0: [("a", long_prompt, P(24))], 3: [("w", prompts[6], P(6, 1))]})
+    assert "preempt" in run.transitions()
+    assert run.streams["a"].wait(1).finish_reason == "length"
+    assert not any(k[: len(long_prompt)] == tuple(long_prompt) for k in eng.prompt_cache.keys())
+    # the waiter (not preempted) was retired
+    assert any(k[: len(prompts[6])] == tuple(prompts[6]) for k in eng.prompt_cache.keys())
+    eng.close()
+
+
+def test_prompt_cache_off(lm, prompts):
+    eng = Engine(lm, EngineConfig(prompt_cache_bytes=0))
+    assert eng.prompt_cache is None
+    rec = drive(eng, {0: [("a", prompts[7], P(8))]}).streams["a"].wait(1)
+    assert rec.stats["prefill_tokens"] == len(prompts[7]) - 1
+    eng.close()
