@@ -282,7 +282,12 @@ class Engine:
 
     def _deliver(self, row: Row, res: RoundResult, now: float) -> tuple:
         row.stats.record_round(res.drafted, res.accepted)
-        pieces = row.emit(res.tokens, now)
+        try:
+            pieces = row.emit(res.tokens, now)
+        except Exception as e:  # a detokenizer or stop-check fault ends this request only
+            row.finish("error", now)
+            row.error = f"{type(e).__name__}: {e}"
+            pieces = []
         self._streams[row.rid]._put(pieces)
         n = sum(p.token >= 0 for p in pieces)
         self.counters.tokens += n

@@ -62,6 +62,7 @@ class Row:
     text: str = ""
     sent_chars: int = 0
     preempted: bool = False  # moved from the scalar loop: batch semantics to the end, no retirement
+    error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
 
     @property

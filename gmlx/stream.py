@@ -27,7 +27,7 @@ class FinalRecord:
     def of(cls, row: Row, speculative: bool, error: str | None = None) -> "FinalRecord":
         return cls(request_id=row.rid, prompt_tokens=list(row.prompt), tokens=list(row.tokens), text=row.text,
                    finish_reason=row.finish_reason or "cancelled", seed=row.seed, speculative=speculative,
-                   stats=row.stats.as_dict(), error=error)
+                   stats=row.stats.as_dict(), error=error or row.error)
 
 
 _END = object()

@@ -1,4 +1,4 @@
-"""The prompt cache through the engine: prefix reuse prefills only the remainder and changes no
+"""The engine as a service: the prompt cache (prefix reuse prefills only the remainder and changes no
 token; a preempted request is never offered back."""
 
 import pytest
@@ -72,4 +72,29 @@ def test_prompt_cache_off(lm, prompts):
     assert eng.prompt_cache is None
     rec = drive(eng, {0: [("a", prompts[7], P(8))]}).streams["a"].wait(1)
     assert rec.stats["prefill_tokens"] == len(prompts[7]) - 1
+    eng.close()
+
+
+def test_a_faulty_detokenizer_ends_only_its_request(lm, prompts):
+    """Fault isolation: an exception while emitting one request's tokens finishes that request
+    with an error; the others are unchanged."""
+    eng = Engine(lm, EngineConfig(width_cap=0))
+    a = eng.submit(prompts[8], P(12), start=False)
+    b = eng.submit(prompts[9], P(12, 1), start=False)
+    eng.step()  # forms the batch
+
+    class Broken:
+        text = ""
+
+        def add_token(self, tok):
+            raise RuntimeError("detokenizer exploded")
+
+    next(r for r in eng.batch.rows if r.rid == a.request_id).detokenizer = Broken()
+    while eng.has_work:
+        eng.step()
+    ra, rb = a.wait(1), b.wait(1)
+    assert ra.finish_reason == "error" and "detokenizer exploded" in ra.error
+    assert rb.finish_reason == "length" and rb.tokens == _solo(lm, prompts[9], P(12, 1))
+    c = eng.generate(prompts[10], P(6, 2))  # the engine still serves
+    assert c.finish_reason == "length"
     eng.close()
