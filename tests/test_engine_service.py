@@ -1,5 +1,5 @@
-"""The engine as a service: the prompt cache (prefix reuse prefills only the remainder and changes no
-token; a preempted request is never offered back."""
+"""The engine as a service: the prompt cache (prefix reuse prefills only the remainder and changes
+no token; a preempted request is never offered back) and per-request fault isolation."""
 
 import pytest
 from engine_helpers import drive, with_eos
