@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import functools
 import os
 import platform
 import re
@@ -75,6 +76,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"
 
 
+@functools.cache  # constant for the process; the engine resolves the cap every round
 def machine_key() -> str:
     """A short stable key for this machine: CPU model, logical core count, BLAS kind."""
     loaded = blas.ensure_loaded()

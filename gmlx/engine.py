@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from gmlx import caps
 from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
-from gmlx.errors import EngineClosed, NoDrafterError, Overloaded
+from gmlx.errors import EngineBusy, EngineClosed, NoDrafterError, Overloaded
 from gmlx.intake import make_row
 from gmlx.metrics import Counters, Event, EventKind
 from gmlx.models.loading import LoadedModel, default_model_path, load
@@ -159,6 +159,8 @@ class Engine:
 
     def step(self) -> list[Event]:
         """One round: reap cancellations, plan, apply the transition, run the round, retire."""
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise EngineBusy("the engine thread drives this engine (a submit() started it); do not call step()")
         events = self._reap_cancelled()
         plan = admission.plan(self._view())
         events += self._apply(plan)

@@ -27,3 +27,7 @@ class EngineClosed(GmlxError):
 
 class Overloaded(GmlxError):
     """The engine's request queue is full; retry later or raise the queue bound."""
+
+
+class EngineBusy(GmlxError):
+    """step() was called while the engine thread drives the engine."""

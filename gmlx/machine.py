@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 from gmlx import blas
 
 
+@functools.cache  # read once: the engine asks for the machine key every round
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
