@@ -62,10 +62,13 @@ def measure(lm, prompts: list[list[int]], width: int, max_tokens: int, config: E
 
 
 def recommend(summary: list[dict], margin: float) -> int | str:
-    """The largest W with speedup >= margin at every measured width <= W; "off" when the
-    smallest width already loses (distinct from 0, which means uncapped)."""
+    """The largest W with speedup >= margin at every measured batch width <= W; "off" when the
+    smallest batch width already loses (distinct from 0, which means uncapped). Width 1 is
+    measured for information only: one request runs the scalar loop, which the cap never gates."""
     cap: int | str = caps.OFF
     for row in sorted(summary, key=lambda r: r["width"]):
+        if row["width"] < 2:
+            continue
         if not row["speedup"] >= margin:  # NaN loses too
             break
         cap = row["width"]

@@ -242,11 +242,11 @@ def test_sweep_cap_k_per_width_and_validate(tmp_path, monkeypatch):
 
 
 def test_sweep_cap_off_when_speculation_never_wins(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "measure", scripted({1: {3: 0.95}, 2: {3: 1.4}}))
+    monkeypatch.setattr(sweep, "measure", scripted({1: {3: 1.4}, 2: {3: 0.95}}))
     r = run("sweep-cap", "--widths", "1,2", "--num-draft-tokens", "3", "--repeats", "1", "--write", "--json",
             "--out", str(tmp_path))
     assert r.code == 0, r.stderr
-    assert json.loads(r.stdout)["recommended_cap"] == "off"  # width 1 loses: not 0 (= uncapped)
+    assert json.loads(r.stdout)["recommended_cap"] == "off"  # width 2 loses: not 0 (= uncapped)
     assert caps.read_user_entry(caps.DEFAULT_MODEL_KEY, path=os.environ["GMLX_CONFIG"]).cap == "off"
 
 
@@ -273,8 +273,9 @@ def test_recommend_rule():
     rows = lambda *s: [{"width": w, "speedup": x} for w, x in zip((1, 2, 4, 8), s)]  # noqa: E731
     assert sweep.recommend(rows(1.3, 1.2, 1.04, 1.5), 1.05) == 2  # stops at the first loss, even if 8 wins
     assert sweep.recommend(rows(1.3, 1.2, 1.1, 1.06), 1.05) == 8
-    assert sweep.recommend(rows(1.0, 1.5), 1.05) == "off"
-    assert sweep.recommend(rows(float("nan")), 1.05) == "off"
+    assert sweep.recommend(rows(0.9, 1.5), 1.05) == 2  # width 1 is the scalar loop: the cap does not gate it
+    assert sweep.recommend(rows(1.3, 1.0), 1.05) == "off"
+    assert sweep.recommend(rows(1.2, float("nan")), 1.05) == "off"
 
 
 # -- workload and live view, without the model -------------------------------------------------

@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
         "eos_token_id": tok.token_to_id(EOS),
-        "speculative_width_cap": 8,
+        "speculative_width_cap": 4,
         "num_draft_tokens": 3,
     }
     target = llama.Model(llama.ModelArgs.from_dict(cfg))
