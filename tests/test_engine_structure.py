@@ -74,7 +74,7 @@ def test_gated_rounds_never_touch_the_drafter(lm, prompts, cap, arrive):
     batch. While gated (including the gate round and the capture round) the head is never used."""
     eng = engine(lm, cap, resume_min_remaining=4)
     guard = eng.batch.head = GuardedHead(eng.batch.head, eng)
-    budgets = [40, 12, 22, 16, 14]
+    budgets = [64, 12, 22, 16, 14]  # request 0 outlives the others, so the drained batch can re-arm
     arrivals = {s: [(i, prompts[30 + i], P(budgets[i], seed=i, t=0.8 * (i % 2))) for i in ids]
                 for s, ids in arrive.items()}
     run = drive(eng, arrivals)
