@@ -1,5 +1,5 @@
 """Scalar-loop benchmark (issue 2): speculative vs plain, coupled vs greedy drafting, gmlx plain
-vs mlx-lm stream_generate, and the draft length K. Interleaved repeats, medians, ratios per repeat.
+vs mlx-lm stream_generate, fixed draft lengths K and the adaptive K the engine uses. Interleaved repeats, medians, ratios per repeat.
 
 Run: ``python benchmarks/bench_scalar.py --prompts 8 --max-tokens 128 --repeats 3``
 Writes bench_results/<utc>_scalar.json and .md.
@@ -29,11 +29,11 @@ from gmlx.spec.speculative import PlainDecoder, ScalarLoop
 from gmlx.testing import make_row
 
 
-def run_gmlx(lm, prompt, params, k, coupled=True):
+def run_gmlx(lm, prompt, params, k, coupled=True, adaptive=False):
     """One request through the scalar loop (k > 0) or plain decode (k == 0); decode rate and stats."""
     row = make_row(lm, prompt, params, eos_ids=set())  # fixed-length generations: same work per arm
     drafter = MTPDrafter(lm.head, lm.target) if k else None
-    loop = ScalarLoop(lm.target, drafter, k, coupled=coupled)
+    loop = ScalarLoop(lm.target, drafter, k, coupled=coupled, adaptive=adaptive)
     seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
     plain = PlainDecoder(lm.target, seq) if not k else None
     while not row.is_done:
@@ -71,7 +71,9 @@ def main() -> None:
             "mlx_lm_greedy": lambda p: run_mlx_lm(lm, p, greedy),
             "plain_t0.8": lambda p: run_gmlx(lm, p, hot, 0),
             "spec_t0.8_coupled": lambda p: run_gmlx(lm, p, hot, lm.default_k),
-            "spec_t0.8_greedy_drafts": lambda p: run_gmlx(lm, p, hot, lm.default_k, coupled=False)}
+            "spec_t0.8_greedy_drafts": lambda p: run_gmlx(lm, p, hot, lm.default_k, coupled=False),
+            "spec_greedy_adaptive": lambda p: run_gmlx(lm, p, greedy, lm.default_k, adaptive=True),
+            "spec_t0.8_adaptive": lambda p: run_gmlx(lm, p, hot, lm.default_k, adaptive=True)}
     for k in ks:
         arms[f"spec_greedy_k{k}"] = (lambda kk: lambda p: run_gmlx(lm, p, greedy, kk))(k)
     for p in prompts[:2]:  # warm-up: compile kernels, fill allocator
@@ -105,6 +107,8 @@ def main() -> None:
     ratios["spec_t0.8_coupled/plain_t0.8"] = ratio("spec_t0.8_coupled", "plain_t0.8")
     ratios["spec_t0.8_greedy_drafts/plain_t0.8"] = ratio("spec_t0.8_greedy_drafts", "plain_t0.8")
     ratios["plain_greedy/mlx_lm_greedy"] = ratio("plain_greedy", "mlx_lm_greedy")
+    ratios["spec_greedy_adaptive/plain_greedy"] = ratio("spec_greedy_adaptive", "plain_greedy")
+    ratios["spec_t0.8_adaptive/plain_t0.8"] = ratio("spec_t0.8_adaptive", "plain_t0.8")
     result = {"benchmark": "scalar", "command": "python benchmarks/bench_scalar.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "out"),
         "machine": describe(), "model": str(lm.path), "default_k": lm.default_k,

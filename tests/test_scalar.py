@@ -143,7 +143,7 @@ def test_rollback_restores_caches(lm, prompts, accept):
 
     row = make_row(lm, prompt, params, eos_ids=set())
     drafter = ScriptedDrafter(lm.head, lm.target, script)
-    loop = ScalarLoop(lm.target, drafter, k)
+    loop = ScalarLoop(lm.target, drafter, k, adaptive=False)  # every round drafts k
     seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
     import time
 

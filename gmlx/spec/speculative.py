@@ -17,7 +17,7 @@ Graph builders here never sync; `ScalarLoop.round` holds the one sync of the rou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -25,6 +25,7 @@ import numpy as np
 from gmlx.models.adapter import Target
 from gmlx.request import Row
 from gmlx.sampling import RowSampling, sample
+from gmlx.spec.adaptive import AcceptanceEstimate
 from gmlx.spec.drafter import DraftState, MTPDrafter
 
 
@@ -96,6 +97,7 @@ class ScalarSeq:
     cache: list  # target KV, one mlx-lm KVCache per layer
     draft: DraftState | None
     rs: RowSampling
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
 
     @property
     def bonus(self) -> int:
@@ -106,10 +108,11 @@ class ScalarLoop:
     """One request, speculating with coupled sampled drafts (or plain when k == 0)."""
 
     def __init__(self, target: Target, drafter: MTPDrafter | None, k: int, prefill_step: int = 512,
-                 coupled: bool = True):
+                 coupled: bool = True, adaptive: bool = True):
         self.target = target
         self.drafter = drafter
-        self.k = k
+        self.k = k  # the most drafts per round
+        self.adaptive = adaptive  # fewer drafts while this request's acceptance is low
         self.prefill_step = prefill_step
         self.coupled = coupled  # False only for A/B measurements of coupling itself
 
@@ -126,10 +129,12 @@ class ScalarLoop:
         return ScalarSeq(row=row, cache=pre.cache, draft=draft, rs=rs)
 
     def round_k(self, seq: ScalarSeq) -> int:
-        """Drafts this round: never more than the budget can use."""
+        """Drafts this round: the best k for the request's acceptance so far (when adaptive),
+        never more than the budget can use."""
         if self.drafter is None or seq.draft is None or not seq.draft.can_draft:
             return 0
-        return max(0, min(self.k, seq.row.remaining - 1))
+        k = seq.acceptance.best_k(self.k) if self.adaptive else self.k
+        return max(0, min(k, seq.row.remaining - 1))
 
     def round(self, seq: ScalarSeq) -> RoundResult:
         k = self.round_k(seq)
@@ -149,6 +154,7 @@ class ScalarLoop:
         d = drafts.tolist()[0] if drafts is not None else []  # sync: already evaluated above
         t = targets.tolist()[0]  # sync: already evaluated above
         a = accept_length(d, t)
+        seq.acceptance.record(k, a)
         out = t[: a + 1]
         if k > a:
             for c in seq.cache:
