@@ -62,7 +62,7 @@ class Engine:
         self.batch = BatchLoop(self.lm.target, self.lm.head if self.speculative else None, self.k)
         self.mode = Mode.IDLE
         self._model_key = caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
-        self.cap_decision()  # a broken user config is an error at engine start, not mid-run
+        self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
         self.counters = Counters()
@@ -162,6 +162,7 @@ class Engine:
         if self._thread is not None and threading.current_thread() is not self._thread:
             raise EngineBusy("the engine thread drives this engine (a submit() started it); do not call step()")
         events = self._reap_cancelled()
+        self._caps = self.cap_decision()  # once per round: the env and the user config may change live
         plan = admission.plan(self._view())
         events += self._apply(plan)
         events += self._round(plan.round)
@@ -182,7 +183,7 @@ class Engine:
         (sweep-cap --write), else the model's default."""
         if self.config.num_draft_tokens is not None:
             return self.config.num_draft_tokens
-        return self.cap_decision().num_draft_tokens(width, self.lm.default_k)
+        return self._caps.num_draft_tokens(width, self.lm.default_k)
 
     def cap(self) -> int | None:
         """None: off (never speculate in a batch); 0: uncapped; N: speculate while width <= N."""
@@ -193,7 +194,7 @@ class Engine:
         with self._lock:
             queued = len(self._queue)
         return admission.View(
-            mode=self.mode, width=len(live), queued=queued, cap=self.cap(), speculative=self.speculative,
+            mode=self.mode, width=len(live), queued=queued, cap=self._caps.cap, speculative=self.speculative,
             preempt=self.switches.preempt, resume=self.switches.resume, lookahead=self.batch.lookahead is not None,
             scalar_lookahead=self._plain is not None and self._plain.in_flight,
             min_remaining=min((r.remaining for r in live), default=0),

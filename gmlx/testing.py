@@ -89,3 +89,12 @@ class ScriptedDrafter(MTPDrafter):
         real = super().draft(st, k, rs, first_position, coupled)
         forced = mx.array([self.script(first_position, k)], dtype=mx.int32)
         return forced + 0 * real  # keep the head's graph attached to the round's one eval
+
+
+def visible_window(text: str, start: int, width: int = 3) -> str:
+    """The first `width`-character slice of `text` from `start` on that is not all whitespace
+    (a stop string that tests can find in a model's output)."""
+    i = start
+    while i < len(text) - width and not text[i : i + width].strip():
+        i += 1
+    return text[i : i + width]

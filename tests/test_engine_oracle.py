@@ -13,7 +13,7 @@ import pytest
 from engine_helpers import check_solo, drive, engine, solo, total_emitted, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.testing import compare_streams, run_scalar
+from gmlx.testing import compare_streams, run_scalar, visible_window
 
 @pytest.fixture(scope="module")
 def lm(lm):
@@ -191,10 +191,7 @@ def test_stop_strings_inside_a_batch(lm, prompts):
     base = SamplingParams(max_tokens=40, seed=7)
     solo_row = run_scalar(lm, prompts[24], base, speculative=False)
     solo_text = solo_row.text
-    i = len(solo_text) // 3
-    while i < len(solo_text) - 3 and not solo_text[i : i + 3].strip():  # a window with visible text
-        i += 1
-    stop = solo_text[i : i + 3]
+    stop = visible_window(solo_text, len(solo_text) // 3)
     assert stop.strip(), "fixture text too short"
     sp = SamplingParams(max_tokens=40, seed=7, stop=(stop,))
     ref = run_scalar(lm, prompts[24], sp, speculative=False)

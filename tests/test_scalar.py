@@ -6,7 +6,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from gmlx.config import SamplingParams
-from gmlx.testing import ScriptedDrafter, compare_streams, run_scalar
+from gmlx.testing import ScriptedDrafter, compare_streams, run_scalar, visible_window
 
 N_PROMPTS = 20
 N_TOKENS = 64
@@ -103,10 +103,7 @@ def test_stop_string_mid_round(lm, prompts):
     params = SamplingParams(max_tokens=48, seed=0)
     plain = run_scalar(lm, prompts[4], params, speculative=False, eos_ids=set())
     text = plain.text
-    i = len(text) // 2
-    while i < len(text) - 3 and not text[i : i + 3].strip():  # a window with visible text
-        i += 1
-    stop = text[i : i + 3]
+    stop = visible_window(text, len(text) // 2)
     assert stop.strip(), "fixture text too short"
     p2 = SamplingParams(max_tokens=48, seed=0, stop=(stop,))
     spec = run_scalar(lm, prompts[4], p2, k=3, eos_ids=set())
