@@ -24,6 +24,7 @@ from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
 from gmlx.errors import EngineBusy, EngineClosed, NoDrafterError, Overloaded
 from gmlx.intake import make_row
 from gmlx.metrics import Counters, Event, EventKind
+from gmlx.kv import lift_caches
 from gmlx.models.loading import LoadedModel, default_model_path, load
 from gmlx.prefill import Prefiller
 from gmlx.prompt_cache import PromptCache
@@ -241,16 +242,17 @@ class Engine:
         seq = self._seq
         seq.row.preempted = True
         transition(seq.row, RowState.GATED)
-        self.batch.add([seq.row], [Prefilled(seq.cache, None, None)], arm=False)
+        self.batch.add([seq.row], lift_caches([seq.cache]), [Prefilled(None, None, None)], arm=False)
         self._seq = self._plain = None
         self.mode = Mode.GATED
 
     def _admit(self, rows: list[Row], arm: bool) -> None:
-        pres = []
-        for row in rows:
-            pres.append(self.prefiller.prefill(row, want_hidden=arm))
+        if not rows:  # the queue emptied since the plan (cancellations)
+            return
+        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=arm)
+        for row in ordered:
             transition(row, RowState.BATCHED if arm else RowState.GATED)
-        self.batch.add(rows, pres, arm=arm)
+        self.batch.add(ordered, cache, pres, arm=arm)
 
     def _round(self, kind: Round) -> list[Event]:
         if kind is Round.NONE:

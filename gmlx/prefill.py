@@ -9,7 +9,9 @@ offered back, except a preempted one's (it dropped its retirement context) or a 
 
 from __future__ import annotations
 
-from gmlx.kv import extract_row
+import mlx.core as mx
+
+from gmlx.kv import RaggedKVCache, extend_rows, extract_row, lift_caches, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.prompt_cache import PromptCache
 from gmlx.request import Row
@@ -28,6 +30,50 @@ class Prefiller:
         if hit is None:
             return prefill_row(self.target, row, self.step, want_hidden)
         return prefill_row(self.target, row, self.step, want_hidden, hit.caches, hit.length)
+
+    def prefill_many(self, rows: list[Row], want_hidden: bool) -> tuple[list[Row], list[RaggedKVCache], list[Prefilled]]:
+        """Prefill several requests for the batch loop: those without a cached prefix together,
+        in one right-padded forward per chunk (as mlx-lm's BatchGenerator), the others alone.
+        Returns the rows in cache order, their per-layer ragged cache and their drafter inputs."""
+        hits = {r.rid: self.prompt_cache.lookup(r.prompt) for r in rows} if self.prompt_cache is not None else {}
+        fresh = [r for r in rows if hits.get(r.rid) is None]
+        reused = [r for r in rows if hits.get(r.rid) is not None]
+        cache, pres = self._prefill_together(fresh, want_hidden)
+        for r in reused:
+            r.stats.prompt_tokens = len(r.prompt)
+            hit = hits[r.rid]
+            pre = prefill_row(self.target, r, self.step, want_hidden, hit.caches, hit.length)
+            extend_rows(cache, lift_caches([pre.cache]))
+            pres.append(pre)
+        return fresh + reused, cache, pres
+
+    def _prefill_together(self, rows: list[Row], want_hidden: bool) -> tuple[list[RaggedKVCache], list[Prefilled]]:
+        bodies = [r.prompt[:-1] for r in rows]
+        longest = max((len(b) for b in bodies), default=0)
+        cache = make_ragged_cache(self.target.model, len(rows))
+        hiddens = []
+        for i in range(0, longest, self.step):
+            n = min(self.step, longest - i)
+            # right padding: a row's padded positions lie after its real ones and are trimmed below
+            chunk = mx.array([(b[i : i + n] + [0] * n)[:n] for b in bodies], dtype=mx.int32)  # [B, n]
+            if want_hidden:
+                _, h = self.target(chunk, cache)
+                hiddens.append(h)
+                mx.eval(h, [c.state for c in cache])  # sync: bound the graph per prefill chunk
+            else:
+                self.target.backbone(chunk, cache=cache)
+                mx.eval([c.state for c in cache])  # sync: bound the graph per prefill chunk
+        trim_rows(cache, [longest - len(b) for b in bodies])
+        hidden = (hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)) if hiddens else None
+        pres = []
+        for b, (r, body) in enumerate(zip(rows, bodies)):
+            r.stats.prompt_tokens = len(r.prompt)
+            r.stats.prefill_tokens = len(body)
+            if hidden is None or not body:
+                pres.append(Prefilled(None, None, None))
+            else:
+                pres.append(Prefilled(None, hidden[b : b + 1, : len(body)], mx.array([r.prompt[1:]], dtype=mx.int32)))
+        return cache, pres
 
     def wants(self, row: Row) -> bool:
         return self.prompt_cache is not None and not row.preempted and row.finish_reason not in ("error", "cancelled")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, lift_caches, trim_rows
+from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.models.mtp import MTPHead
 from gmlx.request import Row
@@ -76,11 +76,11 @@ class BatchLoop:
         return mx.array(start[:, None] + np.arange(n, dtype=np.int32)[None])  # [B, n]
 
     # ---- membership ------------------------------------------------------------------
-    def add(self, rows: list[Row], pres: list[Prefilled], arm: bool) -> None:
-        """Join prefilled rows (single-sequence caches up to their bonus). `arm`: they join the
-        drafter, teacher-forced on their prompts' hidden states (the batch must be armed)."""
+    def add(self, rows: list[Row], new: list[RaggedKVCache], pres: list[Prefilled], arm: bool) -> None:
+        """Join prefilled rows: `new` is their per-layer ragged cache (up to each bonus), `pres`
+        their drafter inputs. `arm`: they join the drafter, teacher-forced on their prompts'
+        hidden states (the batch must be armed)."""
         assert self.lookahead is None, "admission while a plain lookahead is in flight"
-        new = lift_caches([p.cache for p in pres])
         if self.cache:
             extend_rows(self.cache, new)
         else:
