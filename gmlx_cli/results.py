@@ -174,8 +174,12 @@ def plot_bench(cells: pd.DataFrame, path: Path) -> Path:
         b.plot(df.concurrency, df.ttft_p50_s * 1000, marker="o", label=arm)
     a.set(xlabel="concurrency", ylabel="aggregate tokens/s", title="throughput")
     b.set(xlabel="concurrency", ylabel="TTFT p50 (ms)", title="time to first token")
-    ticks = sorted(cells.concurrency.unique())
-    for ax in (a, b):
+    return _save(plt, fig, (a, b), sorted(cells.concurrency.unique()), path)
+
+
+def _save(plt, fig, axes, ticks: list, path: Path) -> Path:
+    """Log-2 x axes ticked at the measured points, grid and legend; write the PNG."""
+    for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.grid(alpha=0.3)
@@ -237,12 +241,5 @@ def plot_sweep(summary: list[dict], cap, margin: float, path: Path) -> Path:
         ax.axvline(cap, color="tab:red", ls="--", label=f"recommended cap {cap}")
     else:
         ax.text(0.5, 0.92, 'recommended cap: "off" (speculation never wins)', transform=ax.transAxes, ha="center")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(widths, [str(w) for w in widths])
     ax.set(xlabel="batch width", ylabel="speculative / plain tokens/s", title="speedup vs width")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, (ax,), widths, path)
