@@ -89,18 +89,17 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Switches:
-    """The A/B off switches and the live cap override, read from the environment."""
+    """The A/B off switches, read from the environment once. GMLX_MTP_WIDTH_CAP is not kept here:
+    the engine re-reads it every round (and validates it at start through its cap decision)."""
 
     preempt: bool = True
     resume: bool = True
-    width_cap_env: int | None = None
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Switches":
         return cls(
             preempt=parse_bool_env("GMLX_MTP_PREEMPT", True, environ),
             resume=parse_bool_env("GMLX_MTP_RESUME", True, environ),
-            width_cap_env=parse_cap_env(environ),
         )
 
 

@@ -15,7 +15,7 @@ from gmlx.kv import RaggedKVCache, extend_rows, extract_row, lift_caches, make_r
 from gmlx.models.adapter import Target
 from gmlx.prompt_cache import PromptCache
 from gmlx.request import Row
-from gmlx.spec.speculative import Prefilled, prefill_row
+from gmlx.spec.speculative import Prefilled, prefill, prefill_row
 
 
 class Prefiller:
@@ -51,20 +51,8 @@ class Prefiller:
         bodies = [r.prompt[:-1] for r in rows]
         longest = max((len(b) for b in bodies), default=0)
         cache = make_ragged_cache(self.target.model, len(rows))
-        hiddens = []
-        for i in range(0, longest, self.step):
-            n = min(self.step, longest - i)
-            # right padding: a row's padded positions lie after its real ones and are trimmed below
-            chunk = mx.array([(b[i : i + n] + [0] * n)[:n] for b in bodies], dtype=mx.int32)  # [B, n]
-            if want_hidden:
-                _, h = self.target(chunk, cache)
-                hiddens.append(h)
-                mx.eval(h, [c.state for c in cache])  # sync: bound the graph per prefill chunk
-            else:
-                self.target.backbone(chunk, cache=cache)
-                mx.eval([c.state for c in cache])  # sync: bound the graph per prefill chunk
+        hidden = prefill(self.target, cache, bodies, self.step, want_hidden)
         trim_rows(cache, [longest - len(b) for b in bodies])
-        hidden = (hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)) if hiddens else None
         pres = []
         for b, (r, body) in enumerate(zip(rows, bodies)):
             r.stats.prompt_tokens = len(r.prompt)

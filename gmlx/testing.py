@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from gmlx import intake
 from gmlx.config import SamplingParams
 from gmlx.models.loading import LoadedModel
 from gmlx.request import Row
@@ -18,9 +19,12 @@ from gmlx.spec.speculative import PlainDecoder, ScalarLoop
 
 
 def make_row(lm: LoadedModel, prompt: list[int], params: SamplingParams, eos_ids=None) -> Row:
-    params = params.validated()
-    eos = lm.eos_ids if eos_ids is None else set(eos_ids)
-    return Row(rid=0, prompt=list(prompt), params=params, eos_ids=frozenset(eos), detokenizer=lm.tokenizer.detokenizer)
+    """A validated row as the engine would make it, with the stop-token set optionally replaced."""
+    row = intake.make_row(lm, list(prompt), params)
+    row.rid = 0
+    if eos_ids is not None:
+        row.eos_ids = frozenset(eos_ids)
+    return row
 
 
 def run_scalar(lm: LoadedModel, prompt: list[int], params: SamplingParams, *, k: int = 3,

@@ -50,11 +50,15 @@ def positions(start: int, n: int) -> mx.array:
     return mx.array(np.arange(start, start + n, dtype=np.int32)[None])  # [1, n]
 
 
-def prefill(target: Target, cache: list, tokens: list[int], step: int, want_hidden: bool) -> mx.array | None:
-    """Run tokens through the target in chunks; return their hidden states [1, L, D] if asked."""
+def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, want_hidden: bool) -> mx.array | None:
+    """Run each row's tokens through the target in chunks, right-padded to the longest row (the
+    padded positions lie after a row's real ones; the caller trims them per row). Returns the
+    hidden states [B, L, D] when asked."""
+    longest = max((len(b) for b in bodies), default=0)
     hiddens = []
-    for i in range(0, len(tokens), step):
-        chunk = mx.array([tokens[i : i + step]], dtype=mx.int32)
+    for i in range(0, longest, step):
+        n = min(step, longest - i)
+        chunk = mx.array([(b[i : i + n] + [0] * n)[:n] for b in bodies], dtype=mx.int32)  # [B, n]
         if want_hidden:
             _, h = target(chunk, cache)
             hiddens.append(h)
@@ -84,7 +88,7 @@ def prefill_row(target: Target, row: Row, step: int, want_hidden: bool, cache: l
     cache = cache if cache is not None else target.make_cache()
     body = row.prompt[start:-1]
     row.stats.prefill_tokens = len(body)
-    hidden = prefill(target, cache, body, step, want_hidden)
+    hidden = prefill(target, cache, [body], step, want_hidden)
     nxt = mx.array([row.prompt[start + 1 :]], dtype=mx.int32) if hidden is not None else None
     return Prefilled(cache, hidden, nxt)
 
