@@ -98,3 +98,14 @@ def test_a_faulty_detokenizer_ends_only_its_request(lm, prompts):
     c = eng.generate(prompts[10], P(6, 2))  # the engine still serves
     assert c.finish_reason == "length"
     eng.close()
+
+
+def test_invalid_switches_are_an_error_at_engine_start(lm, monkeypatch):
+    from gmlx.errors import ConfigError
+
+    for name, bad in (("GMLX_MTP_PREEMPT", "maybe"), ("GMLX_MTP_RESUME", "2"), ("GMLX_MTP_WIDTH_CAP", "-1"),
+                      ("GMLX_MTP_WIDTH_CAP", "four")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ConfigError, match=name):
+            Engine(lm)
+        monkeypatch.delenv(name)
