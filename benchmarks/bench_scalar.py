@@ -24,7 +24,7 @@ from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import load
 from gmlx.sampling import RowSampling
-from gmlx.spec.drafter import MTPDrafter
+from gmlx.spec.drafters.select import select_drafter
 from gmlx.spec.speculative import PlainDecoder, ScalarLoop
 from gmlx.testing import make_row
 
@@ -32,7 +32,7 @@ from gmlx.testing import make_row
 def run_gmlx(lm, prompt, params, k, coupled=True, adaptive=False):
     """One request through the scalar loop (k > 0) or plain decode (k == 0); decode rate and stats."""
     row = make_row(lm, prompt, params, eos_ids=set())  # fixed-length generations: same work per arm
-    drafter = MTPDrafter(lm.head, lm.target) if k else None
+    drafter = select_drafter(lm, "mtp") if k else None
     loop = ScalarLoop(lm.target, drafter, k, coupled=coupled, adaptive=adaptive)
     seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
     plain = PlainDecoder(lm.target, seq) if not k else None

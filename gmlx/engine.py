@@ -33,7 +33,7 @@ from gmlx.sampling import RowSampling
 from gmlx.spec import admission
 from gmlx.spec.admission import Mode, Round
 from gmlx.spec.batch import BatchLoop
-from gmlx.spec.drafter import MTPDrafter
+from gmlx.spec.drafters.select import select_drafter
 from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
 from gmlx.stream import FinalRecord, Stream
 
@@ -49,18 +49,23 @@ def _close_live_engines() -> None:
 
 class Engine:
     def __init__(self, model: LoadedModel | str | Path | None = None, config: EngineConfig | None = None,
-                 *, switches: Switches | None = None):
+                 *, switches: Switches | None = None, draft_model: LoadedModel | str | Path | None = None):
         self.config = (config or EngineConfig()).validated()
         self.switches = switches if switches is not None else Switches.from_env()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
-        if self.config.speculative and not self.lm.has_drafter:
-            raise NoDrafterError(f"{self.lm.name} has no MTP head (no mtp_config.json / mtp_head.safetensors);"
-                                 " run without speculation (--no-speculative)")
-        self.speculative = self.lm.has_drafter if self.config.speculative is None else self.config.speculative
+        draft_model = draft_model if draft_model is not None else self.config.draft_model
+        self.draft_lm = draft_model if draft_model is None or isinstance(draft_model, LoadedModel) else load(draft_model)
+        drafter = None
+        if self.config.speculative is not False:
+            drafter = select_drafter(self.lm, self.config.drafter, self.draft_lm, self.config.prefill_step_size)
+        if self.config.speculative and drafter is None:
+            raise NoDrafterError(f"{self.lm.name} has no drafter (no MTP or assistant head); run without"
+                                 " speculation (--no-speculative) or give a draft model (--draft-model PATH)")
+        self.drafter = drafter
+        self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
-        drafter = MTPDrafter(self.lm.head, self.lm.target) if self.speculative else None
         self.scalar = ScalarLoop(self.lm.target, drafter, self.k, self.config.prefill_step_size)
-        self.batch = BatchLoop(self.lm.target, self.lm.head if self.speculative else None, self.k)
+        self.batch = BatchLoop(self.lm.target, drafter, self.k)
         self.mode = Mode.IDLE
         self._model_key = caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
         self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
@@ -150,7 +155,7 @@ class Engine:
             row.finish("error", now)
             self._deliver_final(row, error=f"{type(exc).__name__}: {exc}")
         self._seq = self._plain = None
-        self.batch = BatchLoop(self.lm.target, self.batch.head, self.k)
+        self.batch = BatchLoop(self.lm.target, self.drafter, self.k)
         self.mode = Mode.IDLE
 
     # ---- one step ----------------------------------------------------------------------
@@ -201,6 +206,10 @@ class Engine:
             min_remaining=min((r.remaining for r in live), default=0),
             resume_min_remaining=self.config.resume_min_remaining)
 
+    @property
+    def _wants_hidden(self) -> bool:
+        return self.drafter is not None and self.drafter.needs_hidden
+
     def _live_rows(self) -> list[Row]:
         if self.mode is Mode.SCALAR and self._seq is not None:
             return [self._seq.row]
@@ -219,7 +228,7 @@ class Engine:
         if plan.transition == "start_scalar":
             row = self._pop(1)[0]
             transition(row, RowState.SCALAR)
-            pre = self.prefiller.prefill(row, want_hidden=self.speculative)
+            pre = self.prefiller.prefill(row, want_hidden=self._wants_hidden)
             self._seq = self.scalar.start(row, RowSampling.from_params([row.params], [row.seed]), pre)
             self._plain = None if self.speculative else PlainDecoder(self.lm.target, self._seq)
             self.mode = Mode.SCALAR
@@ -249,7 +258,7 @@ class Engine:
     def _admit(self, rows: list[Row], arm: bool) -> None:
         if not rows:  # the queue emptied since the plan (cancellations)
             return
-        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=arm)
+        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=arm and self._wants_hidden)
         for row in ordered:
             transition(row, RowState.BATCHED if arm else RowState.GATED)
         self.batch.add(ordered, cache, pres, arm=arm)

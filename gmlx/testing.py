@@ -14,7 +14,9 @@ from gmlx.config import SamplingParams
 from gmlx.models.loading import LoadedModel
 from gmlx.request import Row
 from gmlx.sampling import RowSampling, filter_logprobs, gumbel_noise
-from gmlx.spec.drafter import DraftState, MTPDrafter
+from gmlx.spec.drafters.base import DraftPick, Drafter
+from gmlx.spec.drafters.mtp import MTPDrafter, as_bound
+from gmlx.spec.drafters.select import select_drafter
 from gmlx.spec.speculative import PlainDecoder, ScalarLoop
 
 
@@ -28,11 +30,12 @@ def make_row(lm: LoadedModel, prompt: list[int], params: SamplingParams, eos_ids
 
 
 def run_scalar(lm: LoadedModel, prompt: list[int], params: SamplingParams, *, k: int = 3,
-               speculative: bool = True, eos_ids=None, drafter: MTPDrafter | None = None) -> Row:
-    """Decode one request to the end in this thread, through the scalar loop or plain decode."""
+               speculative: bool = True, eos_ids=None, drafter: Drafter | None = None) -> Row:
+    """Decode one request to the end in this thread, through the scalar loop or plain decode
+    (the drafter: the given one, else the model's default)."""
     row = make_row(lm, prompt, params, eos_ids)
     if speculative:
-        drafter = drafter or MTPDrafter(lm.head, lm.target)
+        drafter = drafter or select_drafter(lm)
     loop = ScalarLoop(lm.target, drafter if speculative else None, k)
     seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
     plain = None if speculative else PlainDecoder(lm.target, seq)
@@ -86,12 +89,12 @@ class ScriptedDrafter(MTPDrafter):
     tokens are replaced: `script(first_position, k) -> list[int]` gives the k drafts."""
 
     def __init__(self, head, target, script):
-        super().__init__(head, target)
+        super().__init__(as_bound(head, target), target.hidden_size)
         self.script = script
 
-    def draft(self, st: DraftState, k: int, rs: RowSampling, first_position: int, coupled: bool) -> mx.array:
-        real = super().draft(st, k, rs, first_position, coupled)
-        forced = mx.array([self.script(first_position, k)], dtype=mx.int32)
+    def draft(self, st, k: int, pick: DraftPick, target_cache: list) -> mx.array:
+        real = super().draft(st, k, pick, target_cache)
+        forced = mx.array([self.script(int(pick.first_positions[0]), k)], dtype=mx.int32)
         return forced + 0 * real  # keep the head's graph attached to the round's one eval
 
 

@@ -133,8 +133,8 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
             assert b.rs is not None and b.rs.seeds.shape[0] == w
             if b.draft is not None:
                 d = b.draft
-                assert d.cache.batch_size == w and d.hidden.shape[0] == w and d.tokens.shape[0] == w
-                assert len(d.lengths) == w
+                assert b.drafter.width(d) == w and d.cache.batch_size == w and len(d.lengths) == w
+                assert d.hidden is None or d.hidden.shape[0] == w
             if b.lookahead is not None:
                 assert b.lookahead.shape[0] == w
 

@@ -46,19 +46,20 @@ def transitions_at(run, step):
 
 
 class GuardedHead:
-    """Stands in for the batch loop's MTP head: any use while the batch is not armed (gated
-    rounds, the gate round itself, capture rounds) raises. Counts the armed calls."""
+    """Stands in for the drafter's MTP head (the scalar and batch loops share it): any use while
+    a batch is not armed (gated rounds, the gate round itself, capture rounds) raises. Counts the
+    armed batch calls."""
 
     def __init__(self, head, eng):
         self._head, self._eng, self.calls = head, eng, 0
 
     def _check(self, what):
-        if self._eng.mode is not Mode.BATCHED:
+        if self._eng.mode not in (Mode.BATCHED, Mode.SCALAR):
             raise AssertionError(f"drafter {what} while the batch is {self._eng.mode.value}")
 
     def __call__(self, *args, **kwargs):
         self._check("called")
-        self.calls += 1
+        self.calls += self._eng.mode is Mode.BATCHED
         return self._head(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -73,7 +74,7 @@ def test_gated_rounds_never_touch_the_drafter(lm, prompts, cap, arrive):
     """Armed -> gated by an admission over the cap -> re-armed; or preempted straight into a gated
     batch. While gated (including the gate round and the capture round) the head is never used."""
     eng = engine(lm, cap, resume_min_remaining=4)
-    guard = eng.batch.head = GuardedHead(eng.batch.head, eng)
+    guard = eng.batch.drafter.head = GuardedHead(eng.batch.drafter.head, eng)
     budgets = [64, 12, 22, 16, 14]  # request 0 outlives the others, so the drained batch can re-arm
     arrivals = {s: [(i, prompts[30 + i], P(budgets[i], seed=i, t=0.8 * (i % 2))) for i in ids]
                 for s, ids in arrive.items()}

@@ -157,14 +157,15 @@ def test_rollback_restores_caches(lm, prompts, accept):
             assert c.offset == rc.offset == seqlen - 1  # pending bonus: its KV is not cached
             np.testing.assert_allclose(np.array(c.keys[..., : c.offset, :]), np.array(rc.keys[..., : rc.offset, :]),
                                        atol=1e-4)
-        hc = seq.draft.cache
-        if hc.offset:
+        hc = seq.draft.cache  # the head's ragged one-row cache
+        n = int(hc.lengths[0])
+        if n:
             from mlx_lm.models.cache import KVCache
 
+            from gmlx.spec.drafters.mtp import as_bound
+
             ref_h = KVCache()
-            embed, norm = lm.target.embed_tokens, lm.target.final_norm
-            toks = mx.array([full[1 : hc.offset + 1]], dtype=mx.int32)
-            lm.head(embed(toks), ref_hidden[:, : hc.offset], norm, cache=ref_h)
-            np.testing.assert_allclose(np.array(hc.keys[..., : hc.offset, :]), np.array(ref_h.keys[..., : hc.offset, :]),
-                                       atol=1e-4)
+            toks = mx.array([full[1 : n + 1]], dtype=mx.int32)
+            as_bound(lm.head, lm.target)(toks, ref_hidden[:, :n], ref_h)
+            np.testing.assert_allclose(np.array(hc.keys[..., :n, :]), np.array(ref_h.keys[..., :n, :]), atol=1e-4)
     assert row.tokens == ref

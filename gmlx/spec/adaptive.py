@@ -19,9 +19,9 @@ VERIFY_COST_PER_TOKEN = 0.05  # extra cost of each verified position, in decode 
 HEAD_COST = 0.08  # one drafter step, in decode steps
 
 
-def expected_speedup(alpha: float, k: int) -> float:
+def expected_speedup(alpha: float, k: int, draft_cost: float = HEAD_COST) -> float:
     emitted = float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-    return emitted / (1.0 + (VERIFY_COST_PER_TOKEN + HEAD_COST) * k)
+    return emitted / (1.0 + (VERIFY_COST_PER_TOKEN + draft_cost) * k)
 
 
 @dataclass(slots=True)
@@ -38,6 +38,7 @@ class AcceptanceEstimate:
             self.successes += accepted
             self.failures += accepted < drafted
 
-    def best_k(self, max_k: int) -> int:
+    def best_k(self, max_k: int, draft_cost: float = HEAD_COST) -> int:
+        """draft_cost: one drafter step in decode steps (the drafter's `step_cost`)."""
         a = self.alpha
-        return max(range(1, max_k + 1), key=lambda k: expected_speedup(a, k))
+        return max(range(1, max_k + 1), key=lambda k: expected_speedup(a, k, draft_cost))

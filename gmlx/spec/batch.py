@@ -7,56 +7,38 @@ the cache holds x_0..x_{n-2}, the bonus x_{n-1} is emitted but not cached (excep
 gated plain lookahead is in flight, which has appended x_{n-1} already).
 
 Armed round (greedy drafts, per-row acceptance and rollback):
-    drafts D [B, k]   = head, chained greedily from each row's pending (h_i, x_{i+1}) entries
+    drafts D [B, k]   = the drafter (gmlx.spec.drafters), greedy for every row
     T [B, k+1]        = sample(target([bonus_b, D_b]))      one forward of (B, k+1)
     a_b               = leading matches of D_b and T_b       (accept iff equal)
-    emit T_b[:a_b+1]; trim row b of the target KV by k - a_b; trim the head's k-1 speculative
-    entries; the target's hidden for the kept positions becomes the head's pending input.
+    emit T_b[:a_b+1]; trim row b of the target KV by k - a_b; the drafter rolls its own state
+    back per row (`commit`) from the accepted counts and the verify's hidden states.
 Gated round: one plain step per row, double-buffered (step n+1 dispatched before n is read).
 Capture round: one-position verify of every pending bonus with hidden capture; emits one token
-per row at plain cost and cold-starts the drafter from the captured hidden states.
+per row at plain cost and cold-starts the drafter from the captured hidden states (a KV-sharing
+drafter also finds the bonus's K/V in the target cache, written by the same forward).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
 from gmlx.models.adapter import Target
-from gmlx.models.mtp import MTPHead
 from gmlx.request import Row
-from gmlx.sampling import RowSampling, draft_greedy, sample
+from gmlx.sampling import RowSampling, sample
+from gmlx.spec.drafters.base import DraftPick, Drafter
 from gmlx.spec.speculative import Prefilled, RoundResult
 
 
-@dataclass(slots=True)
-class BatchDraft:
-    """The drafter's state for every row (the batch is armed iff this exists)."""
-
-    cache: RaggedKVCache  # the head's one layer
-    hidden: mx.array  # [B, P, D] pending target hidden states, right-padded
-    tokens: mx.array  # [B, P] the tokens that follow them
-    lengths: np.ndarray  # [B] real pending entries per row (>= 1 except prompt-less rows)
-
-
-def _pad_to(x: mx.array, p: int) -> mx.array:
-    if x.shape[1] == p:
-        return x
-    pad = [(0, 0), (0, p - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
-    return mx.pad(x, pad)
-
-
 class BatchLoop:
-    def __init__(self, target: Target, head: MTPHead | None, k: int):
+    def __init__(self, target: Target, drafter: Drafter | None, k: int):
         self.target = target
-        self.head = head
+        self.drafter = drafter
         self.k = k
         self.rows: list[Row] = []
         self.cache: list[RaggedKVCache] = []
-        self.draft: BatchDraft | None = None
+        self.draft: object | None = None  # the drafter's state for every row; armed iff set
         self.lookahead: mx.array | None = None  # [B, 1] in-flight plain tokens
         self.rs: RowSampling | None = None
 
@@ -86,34 +68,11 @@ class BatchLoop:
         else:
             self.cache = new
         if arm:
-            assert self.head is not None and (self.draft is not None or not self.rows)
-            self._arm_rows(pres)
+            assert self.drafter is not None and (self.draft is not None or not self.rows)
+            new_state = self.drafter.start(rows, pres)
+            self.draft = new_state if self.draft is None else self.drafter.merge(self.draft, new_state)
         self.rows.extend(rows)
         self._resample()
-
-    def _arm_rows(self, pres: list[Prefilled]) -> None:
-        d = self.target.hidden_size
-        hs, ts, lens = [], [], []
-        for pre in pres:
-            if pre.hidden is None:  # nothing to teacher-force (one-token prompt): garbage drafts, still safe
-                hs.append(mx.zeros((1, 1, d)))
-                ts.append(mx.zeros((1, 1), dtype=mx.int32))
-                lens.append(0)
-            else:
-                hs.append(pre.hidden)
-                ts.append(pre.next_tokens)
-                lens.append(pre.hidden.shape[1])
-        if self.draft is not None:
-            hs.insert(0, self.draft.hidden)
-            ts.insert(0, self.draft.tokens)
-            lens = list(self.draft.lengths) + lens
-            cache = self.draft.cache
-            extend_rows([cache], [RaggedKVCache(len(pres))])
-        else:
-            cache = RaggedKVCache(len(pres))
-        p = max(x.shape[1] for x in hs)
-        self.draft = BatchDraft(cache, mx.concatenate([_pad_to(h, p) for h in hs], axis=0),
-                                mx.concatenate([_pad_to(t, p) for t in ts], axis=0), np.array(lens, dtype=np.int64))
 
     def filter(self, keep: list[int]) -> None:
         """Keep these rows (finished or cancelled rows leave; their KV and drafter state go)."""
@@ -126,9 +85,7 @@ class BatchLoop:
         filter_rows(self.cache, keep)
         idx = mx.array(keep, dtype=mx.int32)
         if self.draft is not None:
-            filter_rows([self.draft.cache], keep)
-            self.draft = BatchDraft(self.draft.cache, self.draft.hidden[idx], self.draft.tokens[idx],
-                                    self.draft.lengths[keep])
+            self.draft = self.drafter.filter(self.draft, keep)
         if self.lookahead is not None:
             self.lookahead = self.lookahead[idx]
         self._resample()
@@ -144,7 +101,8 @@ class BatchLoop:
     def speculative_round(self) -> list[RoundResult]:
         assert self.draft is not None and self.lookahead is None
         k = self.k
-        drafts = self._draft(k)  # [B, k]
+        pick = DraftPick(None, np.array([r.next_position for r in self.rows]))  # greedy across rows
+        drafts = self.drafter.draft(self.draft, k, pick, self.cache)  # [B, k]
         # Device-only barrier between the draft and verify graphs (measured faster on CPU).
         mx.eval(drafts)  # sync: device barrier, no host read
         inputs = mx.concatenate([self._bonus(), drafts], axis=1)  # [B, k+1]
@@ -155,28 +113,9 @@ class BatchLoop:
         t = np.array(targets.tolist(), dtype=np.int64)  # sync: evaluated above
         accepted = np.cumprod(d == t[:, :k], axis=1).sum(axis=1)  # [B] leading matches
         trim_rows(self.cache, k - accepted)
-        if k > 1:
-            trim_rows([self.draft.cache], np.full(len(self.rows), k - 1))
-        p = int(accepted.max()) + 1
-        self.draft.hidden, self.draft.tokens = hidden[:, :p], targets[:, :p]
-        self.draft.lengths = accepted + 1
+        self.drafter.commit(self.draft, k, accepted, hidden, targets)
         return [RoundResult(tokens=[int(x) for x in t[b, : accepted[b] + 1]], drafted=k, accepted=int(accepted[b]))
                 for b in range(len(self.rows))]
-
-    def _draft(self, k: int) -> mx.array:
-        """Greedy drafts [B, k]: teacher-force each row's pending entries, then chain."""
-        st = self.draft
-        embed, norm = self.target.embed_tokens, self.target.final_norm
-        p = st.hidden.shape[1]
-        out = self.head(embed(st.tokens), st.hidden, norm, cache=st.cache)  # [B, P, D]
-        trim_rows([st.cache], p - st.lengths)  # drop the right padding's entries
-        last = mx.array(np.maximum(st.lengths - 1, 0).astype(np.int32))[:, None, None]
-        g = mx.take_along_axis(out, mx.broadcast_to(last, (out.shape[0], 1, out.shape[2])), axis=1)  # [B,1,D]
-        drafts = [draft_greedy(self.target.lm_head(g))]  # [B, 1]
-        for _ in range(k - 1):
-            g = self.head(embed(drafts[-1]), g, norm, cache=st.cache)
-            drafts.append(draft_greedy(self.target.lm_head(g)))
-        return mx.concatenate(drafts, axis=1)
 
     def plain_round(self, successor: bool) -> list[RoundResult]:
         """One plain step per row; dispatch the next step before reading this one (if asked)."""
@@ -195,13 +134,12 @@ class BatchLoop:
 
     def capture_round(self) -> list[RoundResult]:
         """Verify every pending bonus alone, capturing hidden states; arm the drafter from them."""
-        assert self.lookahead is None and self.head is not None
+        assert self.lookahead is None and self.drafter is not None
         logits, hidden = self.target(self._bonus(), self.cache)  # [B, 1, V], [B, 1, D]
         targets = sample(logits, self.rs, self._positions(1))  # [B, 1]
         mx.eval(targets)  # sync: the round's one host read
         toks = targets.tolist()  # sync: evaluated above
-        b = len(self.rows)
-        self.draft = BatchDraft(RaggedKVCache(b), hidden, targets, np.ones(b, dtype=np.int64))
+        self.draft = self.drafter.capture(self.rows, hidden, targets)
         return [RoundResult(tokens=t, drafted=0, accepted=0) for t in toks]
 
     def kv_lengths(self) -> np.ndarray:

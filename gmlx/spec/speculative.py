@@ -26,7 +26,7 @@ from gmlx.models.adapter import Target
 from gmlx.request import Row
 from gmlx.sampling import RowSampling, sample
 from gmlx.spec.adaptive import AcceptanceEstimate
-from gmlx.spec.drafter import DraftState, MTPDrafter
+from gmlx.spec.drafters.base import DraftPick, Drafter
 
 
 @dataclass(slots=True)
@@ -99,7 +99,7 @@ class ScalarSeq:
 
     row: Row
     cache: list  # target KV, one mlx-lm KVCache per layer
-    draft: DraftState | None
+    draft: object | None  # the drafter's state for this one row
     rs: RowSampling
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
 
@@ -111,7 +111,7 @@ class ScalarSeq:
 class ScalarLoop:
     """One request, speculating with coupled sampled drafts (or plain when k == 0)."""
 
-    def __init__(self, target: Target, drafter: MTPDrafter | None, k: int, prefill_step: int = 512,
+    def __init__(self, target: Target, drafter: Drafter | None, k: int, prefill_step: int = 512,
                  coupled: bool = True, adaptive: bool = True):
         self.target = target
         self.drafter = drafter
@@ -125,19 +125,15 @@ class ScalarLoop:
         teacher forcing on the prompt's hidden states."""
         if pre is None:
             pre = prefill_row(self.target, row, self.prefill_step, want_hidden=self.drafter is not None)
-        draft = None
-        if self.drafter is not None:
-            draft = self.drafter.new_state()
-            if pre.hidden is not None:
-                draft.add_pending(pre.hidden, pre.next_tokens)
+        draft = self.drafter.start([row], [pre]) if self.drafter is not None else None
         return ScalarSeq(row=row, cache=pre.cache, draft=draft, rs=rs)
 
     def round_k(self, seq: ScalarSeq) -> int:
         """Drafts this round: the best k for the request's acceptance so far (when adaptive),
         never more than the budget can use."""
-        if self.drafter is None or seq.draft is None or not seq.draft.can_draft:
+        if self.drafter is None or seq.draft is None:
             return 0
-        k = seq.acceptance.best_k(self.k) if self.adaptive else self.k
+        k = seq.acceptance.best_k(self.k, self.drafter.step_cost) if self.adaptive else self.k
         return max(0, min(k, seq.row.remaining - 1))
 
     def round(self, seq: ScalarSeq) -> RoundResult:
@@ -145,7 +141,8 @@ class ScalarLoop:
         n = seq.row.next_position
         drafts = None
         if k:
-            drafts = self.drafter.draft(seq.draft, k, seq.rs, n, coupled=self.coupled)  # [1, k]
+            pick = DraftPick(seq.rs if self.coupled else None, np.array([n]))
+            drafts = self.drafter.draft(seq.draft, k, pick, seq.cache)  # [1, k]
             # Evaluating the draft chain apart from the verify forward measured 11.8 vs 17 ms per
             # round on the CPU backend (8-layer target, k=3); the host still reads once per round.
             mx.eval(drafts)  # sync: device-only barrier between the draft and verify graphs
@@ -164,11 +161,7 @@ class ScalarLoop:
             for c in seq.cache:
                 c.trim(k - a)
         if seq.draft is not None:
-            kept = mx.array([out], dtype=mx.int32)
-            if k:
-                self.drafter.rollback(seq.draft, k, hidden[:, : a + 1], kept)
-            else:
-                seq.draft.add_pending(hidden, kept)
+            self.drafter.commit(seq.draft, k, np.array([a]), hidden, targets)
         return RoundResult(tokens=out, drafted=k, accepted=a)
 
 

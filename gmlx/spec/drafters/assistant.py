@@ -1,0 +1,97 @@
+"""KV-sharing assistant drafter: a one-layer head that keeps no KV of its own and attends to the
+target's cached K/V of one layer (DESIGN §1, capture round).
+
+State per row at a round boundary: only (h_{n-2}, x_{n-1}), the target's hidden at the last
+cached position and the bonus after it. The target's cache holds x_0..x_{n-2}, so the assistant's
+query for the bonus sits at position n-1 and attends keys 0..n-2: exactly the target cache's
+per-row length. Chained drafts move the query on by one position each and attend the same keys
+(nothing is written). Nothing needs rolling back: the verify forward writes the target's K/V and
+the loop trims it per row; `commit` only keeps the hidden at the last kept position and the new
+bonus. The capture round provides both (its verify writes the bonus's K/V and returns its
+hidden); an admission's rows bring theirs from the prefill, and their K/V joins the shared cache
+when the ragged target cache is merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from gmlx.models.adapter import Target
+from gmlx.spec.drafters.base import DraftPick, Drafter, take_rows_at
+
+
+@dataclass(slots=True)
+class AssistantRows:
+    hidden: mx.array  # [B, 1, D] target hidden at each row's last cached position
+    tokens: mx.array  # [B, 1] the bonus
+
+
+def shared_kv(layer_cache) -> tuple[mx.array | None, mx.array | None, np.ndarray]:
+    """(keys, values, per-row lengths) of one target layer, for a ragged batch cache or one
+    sequence's mlx-lm KVCache. Keys are already rotated by the target's RoPE."""
+    if hasattr(layer_cache, "lengths"):
+        lengths = layer_cache.lengths
+        t = int(lengths.max()) if len(lengths) else 0
+    else:
+        t = int(layer_cache.offset)
+        lengths = np.array([t], dtype=np.int64)
+    if layer_cache.keys is None or t == 0:
+        return None, None, lengths
+    return layer_cache.keys[:, :, :t, :], layer_cache.values[:, :, :t, :], lengths
+
+
+class AssistantDrafter(Drafter):
+    kind = "assistant"
+    needs_hidden = True
+    shares_kv = True
+    step_cost = 0.05
+
+    def __init__(self, head, target: Target):
+        self.head = head
+        self.target = target
+        self.layer = head.config.kv_layer
+
+    def start(self, rows, pres) -> AssistantRows:
+        hs, ts = [], []
+        for row, pre in zip(rows, pres):
+            if pre.hidden is None:  # no cached position yet: zero context, garbage drafts, still safe
+                hs.append(mx.zeros((1, 1, self.target.hidden_size)))
+            else:
+                hs.append(pre.hidden[:, -1:])
+            ts.append(mx.array([[row.prompt[-1]]], dtype=mx.int32))
+        return AssistantRows(mx.concatenate(hs, axis=0), mx.concatenate(ts, axis=0))
+
+    def merge(self, a: AssistantRows, b: AssistantRows) -> AssistantRows:
+        return AssistantRows(mx.concatenate([a.hidden, b.hidden]), mx.concatenate([a.tokens, b.tokens]))
+
+    def filter(self, st: AssistantRows, keep: list[int]) -> AssistantRows:
+        idx = mx.array(keep, dtype=mx.int32)
+        return AssistantRows(st.hidden[idx], st.tokens[idx])
+
+    def width(self, st: AssistantRows) -> int:
+        return st.hidden.shape[0]
+
+    def draft(self, st: AssistantRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
+        keys, values, lengths = shared_kv(target_cache[self.layer])
+        b = st.hidden.shape[0]
+        if keys is None:
+            return mx.zeros((b, k), dtype=mx.int32)
+        mask = mx.array(np.arange(keys.shape[2])[None, None, None, :] < lengths[:, None, None, None])
+        g, tok = st.hidden, st.tokens
+        drafts = []
+        for j in range(k):
+            q_offset = mx.array((lengths + j).astype(np.int32))
+            g = self.head(self.target.embed_tokens(tok), g, keys, values, q_offset, mask, self.target.final_norm)
+            tok = pick(self.target.lm_head(g), j)
+            drafts.append(tok)
+        return mx.concatenate(drafts, axis=1)
+
+    def commit(self, st: AssistantRows, k: int, accepted: np.ndarray, hidden: mx.array, targets: mx.array) -> None:
+        st.hidden = take_rows_at(hidden, accepted)
+        st.tokens = take_rows_at(targets, accepted)
+
+    def capture(self, rows, hidden: mx.array, targets: mx.array) -> AssistantRows:
+        return AssistantRows(hidden, targets)

@@ -1,0 +1,122 @@
+"""MTP-head drafter: a head with its own one-layer KV cache, fed the target's hidden states.
+
+State per row at a round boundary: the head's cache holds entries for positions 0..j-1, each
+computed from the target's own hidden h_i and the next token x_{i+1}; the pending (h_i, x_{i+1})
+entries for j..n-2 are queued (the last pending token is the bonus). Drafting runs the pending
+entries through the head in one call (teacher forcing, which is also the head's prefill) and its
+last output drafts x_n; further drafts chain the head on its own hidden state. After a verify,
+every speculative head entry is trimmed (k-1 of them) and the target's hidden states for the
+kept positions become pending, so the head's cache only ever holds entries computed from the
+target's hidden states.
+
+The head is used through the bound-head interface: `head(tokens, hidden, cache) -> g` (g in the
+head's hidden convention, chained back in), `head.logits(g)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
+from gmlx.spec.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
+
+
+@dataclass(slots=True)
+class MTPRows:
+    cache: RaggedKVCache  # the head's one layer
+    hidden: mx.array | None  # [B, P, D] pending target hidden states, right-padded
+    tokens: mx.array | None  # [B, P] the tokens that follow them
+    lengths: np.ndarray  # [B] real pending entries per row
+
+
+class MTPDrafter(Drafter):
+    kind = "mtp"
+    needs_hidden = True
+    step_cost = 0.08  # MODEL_CARD.md: head step / target step 0.10 at batch 1
+
+    def __init__(self, head, d_model: int):
+        self.head = head
+        self.d_model = d_model
+
+    def start(self, rows, pres) -> MTPRows:
+        hs, ts, lens = [], [], []
+        for pre in pres:
+            if pre.hidden is None:  # nothing to teacher-force (one-token prompt): garbage drafts, still safe
+                hs.append(mx.zeros((1, 1, self.d_model)))
+                ts.append(mx.zeros((1, 1), dtype=mx.int32))
+                lens.append(0)
+            else:
+                hs.append(pre.hidden)
+                ts.append(pre.next_tokens)
+                lens.append(pre.hidden.shape[1])
+        return MTPRows(RaggedKVCache(len(pres)), concat_rows(hs), concat_rows(ts), np.array(lens, dtype=np.int64))
+
+    def merge(self, a: MTPRows, b: MTPRows) -> MTPRows:
+        extend_rows([a.cache], [b.cache])
+        ha = a.hidden if a.hidden is not None else mx.zeros((a.cache.batch_size, 1, self.d_model))
+        ta = a.tokens if a.tokens is not None else mx.zeros((a.cache.batch_size, 1), dtype=mx.int32)
+        return MTPRows(a.cache, concat_rows([ha, b.hidden]), concat_rows([ta, b.tokens]),
+                       np.concatenate([a.lengths, b.lengths]))
+
+    def filter(self, st: MTPRows, keep: list[int]) -> MTPRows:
+        filter_rows([st.cache], keep)
+        idx = mx.array(keep, dtype=mx.int32)
+        hidden = st.hidden[idx] if st.hidden is not None else None
+        tokens = st.tokens[idx] if st.tokens is not None else None
+        return MTPRows(st.cache, hidden, tokens, st.lengths[keep])
+
+    def width(self, st: MTPRows) -> int:
+        return st.cache.batch_size
+
+    def nbytes(self, st: MTPRows) -> int:
+        return st.cache.nbytes
+
+    def draft(self, st: MTPRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
+        assert k >= 1 and st.hidden is not None
+        p = st.hidden.shape[1]
+        out = self.head(st.tokens, st.hidden, st.cache)  # [B, P, D]
+        trim_rows([st.cache], p - st.lengths)  # drop the right padding's entries
+        g = take_rows_at(out, np.maximum(st.lengths - 1, 0))  # [B, 1, D]
+        st.hidden = st.tokens = None
+        st.lengths = np.zeros_like(st.lengths)
+        drafts = [pick(self.head.logits(g), 0)]  # [B, 1]
+        for j in range(1, k):
+            g = self.head(drafts[-1], g, st.cache)
+            drafts.append(pick(self.head.logits(g), j))
+        return mx.concatenate(drafts, axis=1)
+
+    def commit(self, st: MTPRows, k: int, accepted: np.ndarray, hidden: mx.array, targets: mx.array) -> None:
+        if k > 1:
+            trim_rows([st.cache], np.full(len(accepted), k - 1))
+        p = int(accepted.max()) + 1
+        old = st.lengths
+        st.hidden, st.lengths = ragged_append(st.hidden, old, hidden[:, :p], accepted + 1)
+        st.tokens, _ = ragged_append(st.tokens, old, targets[:, :p], accepted + 1)
+
+    def capture(self, rows, hidden: mx.array, targets: mx.array) -> MTPRows:
+        b = hidden.shape[0]
+        return MTPRows(RaggedKVCache(b), hidden, targets, np.ones(b, dtype=np.int64))
+
+
+class BoundMTPHead:
+    """The embedded gmlx head under the bound-head interface: post-norm convention, the
+    target's embedding, final norm and LM head shared."""
+
+    hidden_convention = "post_norm"
+
+    def __init__(self, head, target):
+        self.head, self.target = head, target
+
+    def __call__(self, tokens: mx.array, hidden: mx.array, cache) -> mx.array:
+        return self.head(self.target.embed_tokens(tokens), hidden, self.target.final_norm, cache=cache)
+
+    def logits(self, g: mx.array) -> mx.array:
+        return self.target.lm_head(g)
+
+
+def as_bound(head, target):
+    """A head already under the bound interface passes through; the embedded MTPHead is wrapped."""
+    return head if hasattr(head, "logits") else BoundMTPHead(head, target)

@@ -1,0 +1,84 @@
+"""Which drafter an engine uses, built from what the model directory (and the caller) provide.
+
+Kinds: "mtp" (an MTP head shipped with the target: gmlx's own or a native checkpoint layout),
+"draft" (a separate small model with the target's tokenizer: --draft-model), "assistant" (a
+KV-sharing assistant head shipped beside the target). With no kind asked for: a draft model
+when one is given (the caller asked for it), else the MTP head, else the assistant head.
+"""
+
+from __future__ import annotations
+
+from mlx.utils import tree_flatten
+
+from gmlx.errors import ModelLoadError, NoDrafterError
+from gmlx.spec.drafters.base import Drafter
+
+KINDS = ("mtp", "draft", "assistant")
+_PROBE = "def f(x):\n    return [x, 'é', 12345]  # the same tokenizer?\n"
+
+
+def _n_params(module) -> int:
+    return sum(v.size for _, v in tree_flatten(module.parameters()))
+
+
+def check_draft_compatible(lm, draft_lm) -> None:
+    """The draft model must tokenize exactly as the target (drafts are token ids)."""
+    a = list(lm.tokenizer.encode(_PROBE))
+    b = list(draft_lm.tokenizer.encode(_PROBE))
+    if a != b:
+        raise ModelLoadError(f"the draft model {draft_lm.name!r} does not use the target's tokenizer"
+                             f" ({lm.name!r}); pick a draft model of the same family")
+
+
+def load_assistant_head(lm):
+    from gmlx.models.assistant import load_assistant
+
+    return load_assistant(lm.path)
+
+
+def available(lm, draft_lm=None) -> list[str]:
+    """The drafter kinds this model (and the given draft model) can run."""
+    out = []
+    if lm.head is not None:
+        out.append("mtp")
+    if draft_lm is not None:
+        out.append("draft")
+    if load_assistant_head(lm) is not None:
+        out.append("assistant")
+    return out
+
+
+def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int = 512) -> Drafter | None:
+    """The drafter of this kind (None: the default order above); None when the model has none."""
+    if kind is not None and kind not in KINDS:
+        raise NoDrafterError(f"unknown drafter kind {kind!r}; use one of {', '.join(KINDS)}")
+    if kind is None:
+        if draft_lm is not None:
+            kind = "draft"
+        elif lm.head is not None:
+            kind = "mtp"
+        elif load_assistant_head(lm) is not None:
+            kind = "assistant"
+        else:
+            return None
+    if kind == "draft":
+        if draft_lm is None:
+            raise NoDrafterError("drafter 'draft' needs a draft model (--draft-model PATH)")
+        from gmlx.spec.drafters.draft_model import DraftModelDrafter
+
+        check_draft_compatible(lm, draft_lm)
+        # Decode is memory-bound: a step costs about its weights' bytes, relative to the target's.
+        cost = max(0.05, _n_params(draft_lm.target.model) / max(1, _n_params(lm.target.model)))
+        return DraftModelDrafter(draft_lm.target, step_cost=cost, prefill_step=prefill_step)
+    if kind == "mtp":
+        if lm.head is None:
+            raise NoDrafterError(f"{lm.name} has no MTP head; run with --no-speculative or give --draft-model PATH")
+        from gmlx.spec.drafters.mtp import MTPDrafter, as_bound
+
+        return MTPDrafter(as_bound(lm.head, lm.target), lm.target.hidden_size)
+    head = load_assistant_head(lm)
+    if head is None:
+        raise NoDrafterError(f"{lm.name} has no assistant head (assistant_config.json + assistant_head.safetensors)")
+    from gmlx.spec.drafters.assistant import AssistantDrafter
+
+    return AssistantDrafter(head, lm.target)
