@@ -33,7 +33,7 @@ from gmlx.sampling import RowSampling
 from gmlx.spec import admission
 from gmlx.spec.admission import Mode, Round
 from gmlx.spec.batch import BatchLoop
-from gmlx.spec.drafters.select import select_drafter
+from gmlx.spec.drafters.select import cap_key_suffix, load_draft_model, select_drafter
 from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
 from gmlx.stream import FinalRecord, Stream
 
@@ -54,7 +54,8 @@ class Engine:
         self.switches = switches if switches is not None else Switches.from_env()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
         draft_model = draft_model if draft_model is not None else self.config.draft_model
-        self.draft_lm = draft_model if draft_model is None or isinstance(draft_model, LoadedModel) else load(draft_model)
+        self.draft_lm = (draft_model if draft_model is None or isinstance(draft_model, LoadedModel)
+                         else load_draft_model(draft_model))
         drafter = None
         if self.config.speculative is not False:
             drafter = select_drafter(self.lm, self.config.drafter, self.draft_lm, self.config.prefill_step_size)
@@ -67,7 +68,8 @@ class Engine:
         self.scalar = ScalarLoop(self.lm.target, drafter, self.k, self.config.prefill_step_size)
         self.batch = BatchLoop(self.lm.target, drafter, self.k)
         self.mode = Mode.IDLE
-        self._model_key = caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
+        self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
+                          + cap_key_suffix(drafter, self.draft_lm))
         self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
@@ -181,7 +183,7 @@ class Engine:
     def cap_decision(self) -> caps.CapDecision:
         """The width cap in force this round: CLI flag > GMLX_MTP_WIDTH_CAP (re-read every round,
         so a live change takes effect at the next round) > user config > model default."""
-        return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self._model_key,
+        return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self.model_key,
                                 model_default=self.lm.default_cap)
 
     def _k_for(self, width: int) -> int:

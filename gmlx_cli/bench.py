@@ -24,10 +24,12 @@ from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.intake import make_row
 from gmlx.metrics import Event, EventKind
+from gmlx.spec.drafters.select import can_draft
 from gmlx_cli import generate as _gen
 from gmlx_cli import ui
 from gmlx_cli.live import LiveView, print_table
-from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, ConcurrencyOpt, DebugOpt, IgnoreEosOpt,
+from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, ConcurrencyOpt, DebugOpt, DrafterOpt, DraftModelOpt,
+                              IgnoreEosOpt,
                               JoinAfterOpt, LongTokensOpt, MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt,
                               PromptsFileOpt, RateOpt, RepeatsOpt, RequestsOpt, ResultsJsonOpt, SeedOpt, StaggerOpt,
                               TempOpt, VerifyOpt, WarmupOpt, WidthCapOpt)
@@ -260,6 +262,8 @@ def bench(
     ignore_eos: IgnoreEosOpt = False,
     model: ModelOpt = None,
     num_draft_tokens: NumDraftOpt = None,
+    draft_model: DraftModelOpt = None,
+    drafter: DrafterOpt = None,
     speculative_width_cap: WidthCapOpt = None,
     ab: AbOpt = None,
     baseline: BaselineOpt = None,
@@ -288,12 +292,13 @@ def bench(
     seed = secrets.randbits(31) if seed is None else seed
     specs = load_prompt_specs(prompts)
     reqs = build_requests(specs, requests, arr, budget, temp, seed, ignore_eos)
-    config = EngineConfig(num_draft_tokens=num_draft_tokens, width_cap=speculative_width_cap).validated()
+    config = EngineConfig(num_draft_tokens=num_draft_tokens, width_cap=speculative_width_cap, drafter=drafter,
+                          draft_model=str(draft_model) if draft_model else None).validated()
     env = Switches.from_env()
     blas.warn_if_reference()
     lm = _gen._load_model(model)
     ids = {r.request_id: make_row(lm, r.prompt, r.params).prompt for r in reqs}  # validates length vs context
-    arms = plan_arms(ab, baselines, env, lm.has_drafter)
+    arms = plan_arms(ab, baselines, env, bool(draft_model) or bool(can_draft(lm)))
     human = sys.stderr if json_output else sys.stdout
     view = LiveView(len(arms) * len(concs) * repeats * len(reqs), human)
     runs: list[Run] = []

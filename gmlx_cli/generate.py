@@ -12,11 +12,14 @@ from gmlx.config import EngineConfig, SamplingParams
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.models.loading import LoadedModel, load
+from gmlx.spec.drafters.select import can_draft
 from gmlx.stream import FinalRecord
 from gmlx_cli import ui
 from gmlx_cli.options import (
     SAMPLING_DEFAULTS as D,
     DebugOpt,
+    DrafterOpt,
+    DraftModelOpt,
     JsonOpt,
     MaxTokensOpt,
     MinPOpt,
@@ -61,6 +64,8 @@ def generate(
     seed: SeedOpt = None,
     stop: StopOpt = None,
     num_draft_tokens: NumDraftOpt = None,
+    draft_model: DraftModelOpt = None,
+    drafter: DrafterOpt = None,
     speculative: SpeculativeOpt = None,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,
@@ -77,14 +82,16 @@ def generate(
         temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens, seed=seed,
         stop=tuple(stop or ()),
     ).validated()
-    config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens).validated()
+    config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens, drafter=drafter,
+                          draft_model=str(draft_model) if draft_model else None).validated()
     lm = _load_model(model)
     # The engine checks prompt length against the context itself; transformers' tokenizer would
     # add a second, misleading "will result in indexing errors" line. Set after the load, which
     # is what configures transformers' logger.
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    if speculative is None and not lm.has_drafter:
-        ui.notice(f"{lm.name} has no MTP head; decoding without speculation")
+    if speculative is None and not draft_model and not can_draft(lm):
+        ui.notice(f"{lm.name} has no MTP or assistant head; decoding without speculation (--draft-model PATH drafts"
+                  " with a small model)")
     record, k = _run(Engine(lm, config), text, params, stream_text=not json_output)
     if record.error:
         if not json_output and record.text:

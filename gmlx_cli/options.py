@@ -66,6 +66,17 @@ NumDraftOpt = Annotated[
     typer.Option("--num-draft-tokens", help="Tokens drafted per round (>= 1). Default: the model's.",
                  show_default=False, rich_help_panel=_SPEC),
 ]
+DraftModelOpt = Annotated[
+    Path | None,
+    typer.Option("--draft-model", help="A local mlx-lm model with the target's tokenizer to draft with (as mlx-lm's"
+                 " --draft-model); batch-capable in gmlx.", show_default=False, rich_help_panel=_SPEC),
+]
+DrafterOpt = Annotated[
+    str | None,
+    typer.Option("--drafter", help="Drafter kind: mtp (the model's MTP head), draft (--draft-model) or assistant"
+                 " (a KV-sharing assistant head beside the model). Default: draft if --draft-model, else mtp,"
+                 " else assistant.", show_default=False, rich_help_panel=_SPEC),
+]
 SpeculativeOpt = Annotated[
     bool | None,
     typer.Option(

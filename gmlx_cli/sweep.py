@@ -23,10 +23,12 @@ from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.engine import Engine
 from gmlx.errors import InvalidRequest
 from gmlx.metrics import EventKind
+from gmlx.spec.drafters.select import can_draft
 from gmlx_cli import generate as _gen
 from gmlx_cli import ui
 from gmlx_cli.live import LiveView, print_table
-from gmlx_cli.options import DebugOpt, ModelOpt, OutDirOpt, PromptsFileOpt, RepeatsOpt, ResultsJsonOpt, WarmupOpt
+from gmlx_cli.options import (DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt, OutDirOpt, PromptsFileOpt, RepeatsOpt,
+                              ResultsJsonOpt, WarmupOpt)
 from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
 
 DEFAULT_WIDTHS = "1,2,3,4,6,8,12,16"
@@ -77,6 +79,8 @@ def recommend(summary: list[dict], margin: float) -> int | str:
 
 def sweep_cap(
     model: ModelOpt = None,
+    draft_model: DraftModelOpt = None,
+    drafter: DrafterOpt = None,
     widths: Annotated[str, typer.Option("--widths", help="Batch widths to measure, a comma list.")] = DEFAULT_WIDTHS,
     num_draft_tokens: Annotated[str | None, typer.Option(
         "--num-draft-tokens", help="K to measure, a comma list (several: the best K per width is recorded)."
@@ -110,15 +114,18 @@ def sweep_cap(
     specs = load_prompt_specs(prompts)
     blas.warn_if_reference()
     lm = _gen._load_model(model)
-    if not lm.has_drafter:
-        raise InvalidRequest(f"{lm.name} has no MTP head: there is no speculation to calibrate")
+    if not draft_model and not can_draft(lm):
+        raise InvalidRequest(f"{lm.name} has no MTP or assistant head: there is no speculation to calibrate"
+                             " (--draft-model PATH drafts with a small model)")
+    draft = str(draft_model) if draft_model else None
     ks = ks_given or [lm.default_k]
     ids = [list(lm.tokenizer.encode(s.prompt)) for s in specs]
     human = sys.stderr if json_output else sys.stdout
     arms = [("plain", None)] + [("spec", k) for k in ks]
 
     def config(k):
-        return EngineConfig(speculative=k is not None, num_draft_tokens=k, width_cap=0 if k else None)
+        return EngineConfig(speculative=k is not None, num_draft_tokens=k, width_cap=0 if k else None,
+                            drafter=drafter, draft_model=draft)
 
     rows: list[dict] = []
     interrupted = False
@@ -138,7 +145,7 @@ def sweep_cap(
     df = results.sweep_frame(rows)
     summary = results.sweep_summary(df, ws, ks)
     cap = recommend(summary, margin) if summary and not interrupted else None
-    mkey, machine = caps.model_key(model), caps.machine_key()
+    mkey, machine = Engine(lm, config(ks[0])).model_key, caps.machine_key()
     payload = {"meta": results.metadata(command="sweep-cap", model=lm.name, model_path=str(lm.path), options=options,
                                         interrupted=interrupted, model_key=mkey, machine_key=machine),
                "widths": ws, "num_draft_tokens": ks, "margin": margin, "max_tokens": max_tokens, "repeats": repeats,
@@ -156,7 +163,7 @@ def sweep_cap(
             print(f"wrote speculative_width_cap = {cap} for {mkey} on {machine} to {path}", file=human, flush=True)
         if validate:
             interrupted = _validate(lm, cap, bool(payload["written"]), specs, max_tokens, seed, repeats, payload,
-                                    human)
+                                    human, drafter, draft)
     paths = results.write_tables(out, "sweep", payload, {"measurements": df})
     if summary:
         paths["png"] = results.plot_sweep(summary, cap if cap is not None else caps.OFF, margin,
@@ -171,7 +178,8 @@ def sweep_cap(
         raise typer.Exit(130)
 
 
-def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats: int, payload: dict, human) -> bool:
+def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats: int, payload: dict, human,
+              drafter: str | None = None, draft: str | None = None) -> bool:
     """PREEMPT/RESUME A/B on join-late at the new cap: TTFT and throughput per arm. Returns
     whether it was interrupted (its partial figures are kept)."""
     from gmlx_cli import results
@@ -185,8 +193,8 @@ def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats
     reqs = build_requests(specs, n, Arrival("join-late", join_after_s=0.0, long_tokens=4 * max_tokens),
                           (max(1, max_tokens // 2), max_tokens), 0.0, seed, ignore_eos=True)
     ids = {r.request_id: list(lm.tokenizer.encode(r.prompt)) for r in reqs}
-    arms = plan_arms("both", [], Switches(), lm.has_drafter)
-    config = EngineConfig(width_cap=None if cap == caps.OFF else cap)
+    arms = plan_arms("both", [], Switches(), True)
+    config = EngineConfig(width_cap=None if cap == caps.OFF else cap, drafter=drafter, draft_model=draft)
     runs, interrupted = [], False
     view = LiveView(len(arms) * repeats * n, human)
     try:

@@ -8,6 +8,9 @@ when one is given (the caller asked for it), else the MTP head, else the assista
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
+
 from mlx.utils import tree_flatten
 
 from gmlx.errors import ModelLoadError, NoDrafterError
@@ -30,6 +33,18 @@ def check_draft_compatible(lm, draft_lm) -> None:
                              f" ({lm.name!r}); pick a draft model of the same family")
 
 
+@lru_cache(maxsize=4)
+def _load_draft(path: str):
+    from gmlx.models.loading import load
+
+    return load(path)
+
+
+def load_draft_model(path: str | Path):
+    """A draft model directory, loaded once per process (bench and sweep build many engines)."""
+    return _load_draft(str(Path(path).expanduser().resolve()))
+
+
 def load_assistant_head(lm):
     from gmlx.models.assistant import load_assistant
 
@@ -46,6 +61,11 @@ def available(lm, draft_lm=None) -> list[str]:
     if load_assistant_head(lm) is not None:
         out.append("assistant")
     return out
+
+
+def can_draft(lm) -> bool:
+    """Does the model ship a drafter of its own (an MTP or assistant head)?"""
+    return lm.head is not None or load_assistant_head(lm) is not None
 
 
 def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int = 512) -> Drafter | None:
@@ -82,3 +102,13 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
     from gmlx.spec.drafters.assistant import AssistantDrafter
 
     return AssistantDrafter(head, lm.target)
+
+
+def cap_key_suffix(drafter: Drafter | None, draft_lm=None) -> str:
+    """Calibrated caps are per drafter: the MTP head keeps the plain model key (as before), the
+    other kinds add theirs, so a cap measured with one drafter never applies to another."""
+    if drafter is None or drafter.kind == "mtp":
+        return ""
+    if drafter.kind == "draft":
+        return f"+draft:{draft_lm.path.resolve()}"
+    return f"+{drafter.kind}"
