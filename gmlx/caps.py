@@ -7,9 +7,12 @@ from, highest first:
     2. GMLX_MTP_WIDTH_CAP (the caller re-reads it every round and passes it in)
                                          source "env GMLX_MTP_WIDTH_CAP"
     3. the user config file              source "user config <path>"
-    4. the model's config.json default   source "model default"
+    4. the model's default: config.json's value (source "model default") or, without one,
+       its family's default (`gmlx.models.family.default_cap`: source "family default: ...")
     5. 0 = uncapped (right for a dense target with an MTP head)
                                          source "built-in default"
+    A drafter that serves one sequence clamps whatever was decided to a hard limit (1) that no
+    setting raises; `CapDecision.notice` then says so.
 
 Cap values: N > 0 speculates while width <= N (width == N speculates); 0 = uncapped; "off" =
 never speculate in the batch loop (not even at width 1, e.g. a preempted request drained to one
@@ -141,6 +144,7 @@ class CapDecision:
     cap: int | None
     source: str
     k_by_width: tuple[tuple[int, int], ...] = ()  # from the user config, whatever set the cap
+    notice: str | None = None  # set when a hard limit overrode the value from `source`
 
     def allows(self, width: int) -> bool:
         """Whether the batch loop may speculate at this width (the scalar loop never asks)."""
@@ -227,8 +231,13 @@ def read_user_entry(model: str, *, machine: str | None = None, path: str | Path 
 
 
 def resolve_cap(*, cli_cap: Cap | None, env_cap: int | None, model_key: str, model_default: Cap | None,
-                machine: str | None = None, path: str | Path | None = None) -> CapDecision:
-    """Apply the precedence in the module docstring. The file is re-read only when it changed."""
+                machine: str | None = None, path: str | Path | None = None,
+                model_default_source: str = "model default", hard_limit: int | None = None,
+                hard_limit_reason: str = "") -> CapDecision:
+    """Apply the precedence in the module docstring. The file is re-read only when it changed.
+
+    `model_default_source` names where `model_default` came from (`LoadedModel.cap_source`);
+    `hard_limit` (with its reason) is a ceiling no setting raises (a single-sequence drafter)."""
     entry = read_user_entry(model_key, machine=machine, path=path)  # read even when overridden: K
     k = entry.k_by_width if entry is not None else ()
 
@@ -237,14 +246,21 @@ def resolve_cap(*, cli_cap: Cap | None, env_cap: int | None, model_key: str, mod
         return CapDecision(cap=None if cap == OFF else cap, source=source, k_by_width=k)
 
     if cli_cap is not None:
-        return decided(cli_cap, "cli")
-    if env_cap is not None:
-        return decided(env_cap, "env GMLX_MTP_WIDTH_CAP")
-    if entry is not None and entry.cap is not None:
-        return decided(entry.cap, f"user config {entry.path}")
-    if model_default is not None:
-        return decided(model_default, "model default")
-    return decided(0, "built-in default")
+        d = decided(cli_cap, "cli")
+    elif env_cap is not None:
+        d = decided(env_cap, "env GMLX_MTP_WIDTH_CAP")
+    elif entry is not None and entry.cap is not None:
+        d = decided(entry.cap, f"user config {entry.path}")
+    elif model_default is not None:
+        d = decided(model_default, model_default_source)
+    else:
+        d = decided(0, "built-in default")
+    if hard_limit is None or d.cap is None or 0 < d.cap <= hard_limit:  # off is below any limit
+        return d
+    why = hard_limit_reason or "the drafter's hard limit"
+    return CapDecision(cap=hard_limit, source=f"hard limit: {why}", k_by_width=k,
+                       notice=f"{why}: speculative_width_cap {d.text} from {d.source} is lowered to {hard_limit};"
+                              " no setting can raise it")
 
 
 # -- writing ---------------------------------------------------------------------------------

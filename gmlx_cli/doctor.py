@@ -19,10 +19,18 @@ def _width_cap(lm) -> tuple[str, str]:
     """The cap the engine would start with and where it comes from (engine's precedence)."""
     try:
         key = caps.model_key(None if lm.path == default_model_path() else lm.path)
-        d = caps.resolve_cap(cli_cap=None, env_cap=parse_cap_env(), model_key=key, model_default=lm.default_cap)
+        d = caps.resolve_cap(cli_cap=None, env_cap=parse_cap_env(), model_key=key, **lm.cap_defaults())
     except GmlxError as e:  # a bad switch or config is worth showing here, not worth aborting the report
         return "invalid", ui.one_line(str(e))
-    return d.text, d.source
+    return d.text, d.source + (f"; {d.notice}" if d.notice else "")
+
+
+def _drafter(lm) -> str:
+    if not lm.has_drafter:
+        return "none"
+    if not lm.can_rollback:
+        return f"{lm.drafter_kind} (unused: {', '.join(lm.rollback_blockers)} target layers cannot roll back)"
+    return lm.drafter_kind
 
 
 def doctor(model: ModelOpt = None, debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
@@ -49,8 +57,9 @@ def doctor(model: ModelOpt = None, debug: DebugOpt = False) -> None:  # noqa: AR
         [
             ("name", lm.name),
             ("path", str(lm.path)),
-            ("drafter", "mtp" if lm.has_drafter else "none"),
-            ("num_draft_tokens", f"{lm.default_k} (model default)" if lm.has_drafter else f"{lm.default_k} (unused)"),
+            ("drafter", _drafter(lm)),
+            ("target", f"{'routed-expert (MoE)' if lm.is_moe else 'dense'}, hidden {lm.target.hidden_convention}"),
+            ("num_draft_tokens", f"{lm.default_k} (model default)" if lm.can_speculate else f"{lm.default_k} (unused)"),
             ("speculative_width_cap", f"{cap} ({cap_source})"),
             ("context length", "unknown" if lm.context_length is None else f"{lm.context_length} tokens"),
         ],

@@ -1,47 +1,67 @@
-"""Target adapter: logits and the final hidden state from one forward of an mlx-lm model.
+"""Target adapter: logits and a hidden state from one forward of an mlx-lm model.
 
-mlx-lm's decoder-only models (llama, mistral, qwen2, qwen3, ...) are `Model(model=Backbone,
-lm_head | tied embeddings)`, and `Backbone.__call__` returns the hidden state *after* the final
+mlx-lm's decoder-only models (llama, mistral, qwen2, qwen3, deepseek_v3, ...) are
+`Model(model=Backbone, lm_head | tied embeddings)`, and `Backbone.__call__` ends with its final
 norm. So `hidden = model.model(x, cache)` and `logits = lm_head(hidden)` reproduce `model(x)`
-exactly, without forking mlx-lm's model files. The hidden convention for drafters is therefore
-"after the final norm". `Target.check()` proves the identity on a real forward at load time, so
-a family whose `__call__` adds something (logit soft-capping, scaling) is refused, not
-silently wrong.
+exactly, without forking mlx-lm's model files.
+
+Which hidden a drafter gets is the target's `hidden_convention` (see `gmlx.models.heads`):
+- "post_norm" (default): the backbone's output, after the final norm.
+- "pre_norm": before it. The backbone applies its norm itself, so the adapter runs a shallow
+  copy of the backbone whose `norm` is the identity (the layers, embedding and weights are the
+  same objects) and applies the real norm itself: logits = lm_head(norm(h)), the same ops as
+  mlx-lm's forward. The mlx-lm model is never modified, so `model(x)` (the plain path, and the
+  mlx-lm baselines that run `target.model`) stays exactly mlx-lm's, from any thread.
+
+`Target.check()` proves logits == `model(x)` on a real forward at load time, for either
+convention, so a family whose `__call__` adds something (logit soft-capping, scaling) is
+refused, not silently wrong.
 """
 
 from __future__ import annotations
+
+import copy
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from gmlx.errors import ModelLoadError
+from gmlx.models.heads import HIDDEN_CONVENTIONS, POST_NORM, PRE_NORM
 
 
 class Target:
     """A thin view over an mlx-lm model. Graph builder: never syncs."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, hidden_convention: str = POST_NORM):
         backbone = getattr(model, "model", None)
         if backbone is None or not hasattr(backbone, "embed_tokens") or not hasattr(backbone, "layers"):
             raise ModelLoadError(
                 f"{type(model).__module__} has no `model.embed_tokens`/`model.layers` backbone; gmlx supports"
                 " mlx-lm decoder-only families such as llama, mistral, qwen2 and qwen3"
             )
+        if hidden_convention not in HIDDEN_CONVENTIONS:
+            raise ValueError(f"hidden_convention must be one of {HIDDEN_CONVENTIONS}, got {hidden_convention!r}")
         self.model = model
         self.backbone = backbone
         self.embed_tokens = backbone.embed_tokens
         self.final_norm = backbone.norm
-        args = getattr(model, "args", None)
-        tied = getattr(args, "tie_word_embeddings", not hasattr(model, "lm_head"))
-        self.lm_head = self.embed_tokens.as_linear if tied or not hasattr(model, "lm_head") else model.lm_head
+        self.hidden_convention = hidden_convention
+        self._hidden_backbone = backbone if hidden_convention == POST_NORM else _without_final_norm(backbone)
+        # Wrapped families (qwen3_5: Model.language_model.{model, lm_head}) keep the head one level down.
+        owner = getattr(model, "language_model", model)
+        args = getattr(owner, "args", None)
+        tied = getattr(args, "tie_word_embeddings", not hasattr(owner, "lm_head"))
+        self.lm_head = self.embed_tokens.as_linear if tied or not hasattr(owner, "lm_head") else owner.lm_head
         self.hidden_size = int(self.embed_tokens.weight.shape[1])
         self.vocab_size = int(self.embed_tokens.weight.shape[0])
         self.num_layers = len(backbone.layers)
 
     def __call__(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
-        """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] after the final norm)."""
-        hidden = self.backbone(tokens, cache=cache)
+        """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] in this target's convention)."""
+        hidden = self._hidden_backbone(tokens, cache=cache)
+        if self.hidden_convention == PRE_NORM:
+            return self.lm_head(self.final_norm(hidden)), hidden
         return self.lm_head(hidden), hidden
 
     def logits(self, tokens: mx.array, cache: list) -> mx.array:
@@ -62,3 +82,13 @@ class Target:
                 f"{type(self.model).__module__}: logits are not lm_head(model.model(x)); this family post-processes"
                 " logits and is not supported yet (use --no-speculative with mlx-lm instead)"
             )
+
+
+def _without_final_norm(backbone: nn.Module) -> nn.Module:
+    """A shallow copy of the backbone that returns the residual stream before its final norm.
+
+    nn.Module is a dict of its children: the copy holds the same layer and embedding objects
+    (no weight is duplicated), and replacing `norm` on the copy leaves the original untouched."""
+    twin = copy.copy(backbone)
+    twin.norm = nn.Identity()
+    return twin

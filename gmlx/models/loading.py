@@ -1,8 +1,17 @@
 """Load a target model (and its drafter) from a local directory. Never touches a hub.
 
-A model directory is mlx-lm's format: config.json, *.safetensors, tokenizer files. gmlx adds,
-optionally beside them: `mtp_config.json` + `mtp_head.safetensors` (an MTP head, see
-`gmlx.models.mtp`), and defaults in config.json: `speculative_width_cap`, `num_draft_tokens`.
+A model directory is mlx-lm's format: config.json, *.safetensors, tokenizer files. mlx-lm loads
+the target unchanged; gmlx then looks for a drafter head, first found wins:
+
+1. gmlx's own head beside the weights: `mtp_config.json` + `mtp_head.safetensors`
+   (`gmlx.models.mtp`), drafter kind "mtp";
+2. the checkpoint's own MTP layer, which mlx-lm drops (`gmlx.models.native_mtp`): kind
+   "native-mtp:deepseek_v3" (`model.layers.{N}.*`) or "native-mtp:qwen3_next" (`mtp.*`);
+3. none: the model still loads and decodes plain.
+
+`LoadedModel.head` is the *bound* head (`gmlx.models.heads.BoundHead`) or None. gmlx's
+optional defaults in config.json: `speculative_width_cap`, `num_draft_tokens`; without a cap,
+the family default applies (`gmlx.models.family`).
 """
 
 from __future__ import annotations
@@ -14,8 +23,12 @@ from pathlib import Path
 import mlx.core as mx
 
 from gmlx.errors import ModelLoadError
+from gmlx.models import family
 from gmlx.models.adapter import Target
-from gmlx.models.mtp import MTPConfig, MTPHead
+from gmlx.models.checkpoint import Checkpoint
+from gmlx.models.heads import POST_NORM, BoundHead
+from gmlx.models.mtp import MTPConfig, MTPHead, bind_mtp_head
+from gmlx.models.native_mtp import BoundNativeHead, load_native_head
 
 DEFAULT_K = 3  # when a model ships no measured default
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
@@ -32,19 +45,51 @@ class LoadedModel:
     name: str
     target: Target
     tokenizer: object  # mlx_lm TokenizerWrapper
-    head: MTPHead | None
+    head: BoundHead | None  # bound: head(tokens, hidden, cache), head.logits(g), head.make_cache()
     config: dict
     default_k: int
-    default_cap: int | None
+    default_cap: int | str  # the model's own cap when nothing else sets one (see cap_source)
     context_length: int | None
+    drafter_kind: str | None = None  # "mtp" | "native-mtp:deepseek_v3" | "native-mtp:qwen3_next" | None
+    cap_source: str = family.BUILT_IN  # where default_cap comes from: "model default" | "family default: ..."
+    is_moe: bool = False
+    rollback_blockers: tuple[str, ...] = ()  # target cache kinds that cannot be trimmed
+    cap_hard_limit: int | None = None  # a single-sequence drafter's ceiling (none of today's heads)
+    cap_hard_limit_reason: str = ""
 
     @property
     def has_drafter(self) -> bool:
         return self.head is not None
 
     @property
+    def can_rollback(self) -> bool:
+        """Whether the target's KV can be trimmed per rejected draft (False: decode plain)."""
+        return not self.rollback_blockers
+
+    @property
+    def can_speculate(self) -> bool:
+        return self.has_drafter and self.can_rollback
+
+    @property
     def eos_ids(self) -> set[int]:
         return set(self.tokenizer.eos_token_ids)
+
+    def cap_defaults(self) -> dict:
+        """The model's part of `gmlx.caps.resolve_cap(...)`: `resolve_cap(cli_cap=, env_cap=,
+        model_key=, **lm.cap_defaults())`."""
+        return {"model_default": self.default_cap, "model_default_source": self.cap_source,
+                "hard_limit": self.cap_hard_limit, "hard_limit_reason": self.cap_hard_limit_reason}
+
+
+def no_drafter_message(lm: LoadedModel) -> str:
+    """For NoDrafterError: speculation was asked for and the model brings no drafter."""
+    return f"no MTP head in {lm.path}; run with --no-speculative, or give --draft-model PATH"
+
+
+def no_rollback_message(lm: LoadedModel) -> str:
+    """Why a model with a drafter still decodes plain: its target cache cannot roll back."""
+    return (f"{lm.name}: the target's {', '.join(lm.rollback_blockers)} layers (linear attention / recurrent"
+            " state) cannot be rolled back after a rejected draft, so it decodes without speculation")
 
 
 def check_model_dir(path: Path) -> None:
@@ -64,6 +109,7 @@ def check_model_dir(path: Path) -> None:
 
 
 def load_head(path: Path) -> MTPHead | None:
+    """gmlx's own head (unbound), or None when the directory has none."""
     cfg_file, w_file = path / "mtp_config.json", path / "mtp_head.safetensors"
     if not cfg_file.is_file() or not w_file.is_file():
         return None
@@ -74,8 +120,9 @@ def load_head(path: Path) -> MTPHead | None:
     return head
 
 
-def load(path: str | Path | None = None) -> LoadedModel:
-    """Load a local mlx-lm model directory (default: the embedded model) and its MTP head, if any."""
+def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel:
+    """Load a local mlx-lm model directory (default: the embedded model) and its drafter head,
+    if any (`drafter=False` skips looking: plain decoding only)."""
     import mlx_lm
 
     p = Path(path).expanduser() if path is not None else default_model_path()
@@ -84,12 +131,25 @@ def load(path: str | Path | None = None) -> LoadedModel:
         model, tokenizer, config = mlx_lm.load(str(p), return_config=True)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelLoadError(f"could not load {str(p)!r} with mlx-lm: {e}") from None
-    target = Target(model)
+    gmlx_head = load_head(p) if drafter else None
+    native = load_native_head(Checkpoint(p), model, config) if drafter and gmlx_head is None else None
+    convention = POST_NORM  # every head below wants the post-norm hidden (BoundHead subclasses say so)
+    if native is not None:
+        convention = BoundNativeHead.hidden_convention
+    target = Target(model, hidden_convention=convention)
     target.check()
-    head = load_head(p)
-    ctx = config.get("max_position_embeddings")
+    head: BoundHead | None = None
+    if gmlx_head is not None:
+        head = bind_mtp_head(gmlx_head, target)
+    elif native is not None:
+        head = BoundNativeHead(native[0], target, native[1].name)
+    kind = head.kind if head is not None else None
+    moe = family.is_moe(model)
+    cap, source = family.default_cap(kind, moe, config.get("speculative_width_cap"))
+    ctx = config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
     return LoadedModel(
         path=p, name=p.name if path is not None else "gmlx-default", target=target, tokenizer=tokenizer,
         head=head, config=config, default_k=int(config.get("num_draft_tokens", DEFAULT_K)),
-        default_cap=config.get("speculative_width_cap"), context_length=int(ctx) if ctx else None,
+        default_cap=cap, context_length=int(ctx) if ctx else None, drafter_kind=kind, cap_source=source,
+        is_moe=moe, rollback_blockers=tuple(family.rollback_blockers(model)),
     )

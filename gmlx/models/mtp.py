@@ -9,7 +9,8 @@ follows t. The head therefore predicts token t+2. Its own output `h'` uses the s
 convention, so drafting k tokens chains the head on its own hidden state.
 
 The head owns no embedding, final norm or LM head: the target's are passed in at
-call time, so the weights are shared and saved once.
+call time, so the weights are shared and saved once. `bind_mtp_head(head, target)` ties them
+together behind the bound-head interface (`gmlx.models.heads`) that drafting loops call.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
+
+from gmlx.models.heads import POST_NORM, BoundHead
 
 
 @dataclass(frozen=True)
@@ -72,3 +75,28 @@ class MTPHead(nn.Module):
         x = self.fc(mx.concatenate([self.embed_norm(embeds), self.hidden_norm(hidden)], axis=-1))
         mask = create_attention_mask(x, cache)
         return final_norm(self.layer(x, mask, cache=cache))
+
+    def bind(self, target) -> "BoundMTPHead":
+        return BoundMTPHead(self, target)
+
+
+class BoundMTPHead(BoundHead):
+    """The embedded gmlx head behind the bound interface: post-norm in and out, the target's
+    final norm and LM head. `__call__(tokens, hidden, cache)`; the module stays at `.module`."""
+
+    hidden_convention = POST_NORM
+    kind = "mtp"
+
+    def __init__(self, head: MTPHead, target):
+        super().__init__(target)
+        self.module = head
+
+    def forward(self, embeds: mx.array, hidden: mx.array, cache) -> mx.array:
+        return self.module(embeds, hidden, self.target.final_norm, cache=cache)
+
+    def logits(self, g: mx.array) -> mx.array:
+        return self.target.lm_head(g)
+
+
+def bind_mtp_head(head: MTPHead, target) -> BoundMTPHead:
+    return BoundMTPHead(head, target)

@@ -1,0 +1,72 @@
+"""What a model's structure implies for speculation: its default width cap, MoE, rollback.
+
+Default cap (used when no CLI flag, GMLX_MTP_WIDTH_CAP or user-config entry sets one, see
+`gmlx.caps.resolve_cap`), first rule that applies:
+
+1. the model's config.json `speculative_width_cap`: its author measured it    "model default"
+2. a routed-expert (MoE) target: 1. A verify forward of W rows x (k+1) tokens routes each
+   token to its own experts, so the expert weights read per forward grow with W(k+1) where a
+   dense target's stay fixed; on a bandwidth-bound machine batch speculation stops paying
+   almost at once. Detected from the loaded modules, not the model name.
+3. a separate draft model or a KV-sharing assistant head: 2 (the drafter's own forward is
+   a real cost per row, unlike a one-layer MTP head)
+4. a dense target with an MTP head (gmlx's or the checkpoint's own): 0 = uncapped
+5. no drafter: 0 (nothing to cap)                                           "built-in default"
+
+A drafter that can serve only one sequence gets a hard limit of 1 that no setting raises
+(`single_sequence_limit`; `gmlx.caps.resolve_cap(hard_limit=...)` applies it with a notice).
+
+Rollback: speculation trims the target's KV cache by the rejected drafts. mlx-lm's hybrid
+families (qwen3_next, qwen3_5: linear-attention layers with an `ArraysCache` recurrent state)
+cannot be trimmed, so such a target decodes plain whatever drafter it ships.
+"""
+
+from __future__ import annotations
+
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+MODEL_DEFAULT = "model default"
+BUILT_IN = "built-in default"
+MTP_KINDS_PREFIX = ("mtp", "native-mtp")
+SEPARATE_KINDS = ("draft-model", "assistant")
+
+
+def default_cap(kind: str | None, is_moe: bool, config_cap) -> tuple[int | str, str]:
+    """(cap, where it comes from) for a model when nothing else sets the cap. `config_cap` is
+    config.json's `speculative_width_cap` (None when absent); "off" passes through."""
+    if config_cap is not None:
+        return config_cap, MODEL_DEFAULT
+    if kind is None:
+        return 0, BUILT_IN
+    if is_moe:
+        return 1, "family default: routed-expert (MoE) target"
+    if kind in SEPARATE_KINDS:
+        return 2, f"family default: {kind.replace('-', ' ')} drafter"
+    if kind.startswith(MTP_KINDS_PREFIX):
+        return 0, "family default: dense target with an MTP head"
+    return 0, BUILT_IN
+
+
+def single_sequence_limit(kind: str | None, single_sequence: bool) -> tuple[int | None, str]:
+    """(hard limit, why) for `resolve_cap(hard_limit=..., hard_limit_reason=...)`; (None, "") when
+    the drafter serves a batch."""
+    if kind is None or not single_sequence:
+        return None, ""
+    return 1, f"the {kind} drafter serves one sequence at a time"
+
+
+def is_moe(model: nn.Module) -> bool:
+    """Whether any layer routes tokens to experts: mlx-lm's MoE families (mixtral, qwen2_moe,
+    qwen3_moe, deepseek_v3, qwen3_next, ...) hold their experts in SwitchLinear (quantized or
+    not, inside SwitchGLU/SwitchMLP); a few (dbrx) keep a module list named `experts`."""
+    for name, m in model.named_modules():
+        if isinstance(m, (SwitchLinear, QuantizedSwitchLinear)) or name.rsplit(".", 1)[-1] == "experts":
+            return True
+    return False
+
+
+def rollback_blockers(model: nn.Module) -> list[str]:
+    """The target cache kinds that cannot be trimmed (empty: speculation can roll back)."""
+    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not c.is_trimmable()})
