@@ -25,7 +25,7 @@ from gmlx.errors import EngineBusy, EngineClosed, NoDrafterError, Overloaded
 from gmlx.intake import make_row
 from gmlx.metrics import Counters, Event, EventKind
 from gmlx.kv import lift_caches
-from gmlx.models.loading import LoadedModel, default_model_path, load
+from gmlx.models.loading import LoadedModel, default_model_path, load, no_drafter_message, no_rollback_message
 from gmlx.prefill import Prefiller
 from gmlx.prompt_cache import PromptCache
 from gmlx.request import Row, RowState, transition
@@ -33,7 +33,8 @@ from gmlx.sampling import RowSampling
 from gmlx.spec import admission
 from gmlx.spec.admission import Mode, Round
 from gmlx.spec.batch import BatchLoop
-from gmlx.spec.drafters.select import cap_key_suffix, load_draft_model, select_drafter
+from gmlx.spec.drafters.base import Drafter
+from gmlx.spec.drafters.select import cap_defaults, cap_key_suffix, load_draft_model, select_drafter
 from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
 from gmlx.stream import FinalRecord, Stream
 
@@ -49,19 +50,27 @@ def _close_live_engines() -> None:
 
 class Engine:
     def __init__(self, model: LoadedModel | str | Path | None = None, config: EngineConfig | None = None,
-                 *, switches: Switches | None = None, draft_model: LoadedModel | str | Path | None = None):
+                 *, switches: Switches | None = None, draft_model: LoadedModel | str | Path | None = None,
+                 drafter: Drafter | None = None):
+        """`draft_model`: a draft model (loaded or a local path) for the "draft" drafter kind;
+        `drafter`: any implementation of the drafter protocol (gmlx.spec.drafters.Drafter),
+        used instead of the model's own."""
         self.config = (config or EngineConfig()).validated()
         self.switches = switches if switches is not None else Switches.from_env()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
         draft_model = draft_model if draft_model is not None else self.config.draft_model
         self.draft_lm = (draft_model if draft_model is None or isinstance(draft_model, LoadedModel)
                          else load_draft_model(draft_model))
-        drafter = None
-        if self.config.speculative is not False:
+        self.notices: list[str] = []  # said once to the user (the CLI prints them)
+        if drafter is None and self.config.speculative is not False:
             drafter = select_drafter(self.lm, self.config.drafter, self.draft_lm, self.config.prefill_step_size)
         if self.config.speculative and drafter is None:
-            raise NoDrafterError(f"{self.lm.name} has no drafter (no MTP or assistant head); run without"
-                                 " speculation (--no-speculative) or give a draft model (--draft-model PATH)")
+            raise NoDrafterError(no_drafter_message(self.lm))
+        if drafter is not None and not self.lm.can_rollback:
+            if self.config.speculative:
+                raise NoDrafterError(no_rollback_message(self.lm))
+            self.notices.append(no_rollback_message(self.lm))
+            drafter = None
         self.drafter = drafter
         self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
@@ -69,8 +78,11 @@ class Engine:
         self.batch = BatchLoop(self.lm.target, drafter, self.k)
         self.mode = Mode.IDLE
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
-                          + cap_key_suffix(drafter, self.draft_lm))
+                          + cap_key_suffix(drafter))
+        self._cap_defaults = cap_defaults(self.lm, drafter)
         self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
+        if self._caps.notice:
+            self.notices.append(self._caps.notice)
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
         self.counters = Counters()
@@ -184,7 +196,7 @@ class Engine:
         """The width cap in force this round: CLI flag > GMLX_MTP_WIDTH_CAP (re-read every round,
         so a live change takes effect at the next round) > user config > model default."""
         return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self.model_key,
-                                model_default=self.lm.default_cap)
+                                **self._cap_defaults)
 
     def _k_for(self, width: int) -> int:
         """Drafts per round at this width: the explicit setting, else a calibrated K per width

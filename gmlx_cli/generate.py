@@ -12,7 +12,6 @@ from gmlx.config import EngineConfig, SamplingParams
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.models.loading import LoadedModel, load
-from gmlx.spec.drafters.select import can_draft
 from gmlx.stream import FinalRecord
 from gmlx_cli import ui
 from gmlx_cli.options import (
@@ -89,10 +88,13 @@ def generate(
     # add a second, misleading "will result in indexing errors" line. Set after the load, which
     # is what configures transformers' logger.
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    if speculative is None and not draft_model and not can_draft(lm):
+    engine = Engine(lm, config)
+    for line in engine.notices:
+        ui.notice(line)
+    if speculative is None and not engine.speculative and not engine.notices:
         ui.notice(f"{lm.name} has no MTP or assistant head; decoding without speculation (--draft-model PATH drafts"
                   " with a small model)")
-    record, k = _run(Engine(lm, config), text, params, stream_text=not json_output)
+    record, k = _run(engine, text, params, stream_text=not json_output)
     if record.error:
         if not json_output and record.text:
             sys.stdout.write("\n")

@@ -43,3 +43,14 @@ def draft_lm(kind: str, lm, tmp_factory):
     if kind == "draft-random":
         return load(random_draft_dir(tmp_factory.mktemp("draft") / "random"))
     return None
+
+
+def random_assistant(lm, seed: int = 0):
+    """An untrained assistant head for the target (drafts mostly rejected; the stream must not care)."""
+    from gmlx.models.assistant import AssistantConfig, AssistantHead
+    from gmlx.spec.drafters.assistant import AssistantDrafter
+
+    mx.random.seed(seed)
+    head = AssistantHead(AssistantConfig.for_target(lm.config, intermediate_size=256))
+    mx.eval(head.parameters())  # sync: materialise the random weights once
+    return AssistantDrafter(head, lm.target)

@@ -170,7 +170,7 @@ def test_headless_model_without_request_decodes_plain_with_a_notice(headless_dir
     r = run("generate", PROMPT, "--max-tokens", "4", "--json", "--model", str(headless_dir))
     assert r.code == 0, r.stderr
     assert json.loads(r.stdout)["speculative"] is False
-    assert f"gmlx: notice: {headless_dir.name} has no MTP head; decoding without speculation" in r.stderr
+    assert f"gmlx: notice: {headless_dir.name} has no MTP or assistant head; decoding without speculation" in r.stderr
 
 
 def test_long_prompt_is_rejected(lm):

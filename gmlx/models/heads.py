@@ -61,19 +61,5 @@ class BoundHead(ABC):
     def make_cache(self):
         return KVCache()
 
-    def __call__(self, tokens: mx.array, hidden: mx.array, *args, cache=None) -> mx.array:
-        if args and isinstance(args[0], nn.Module):
-            return self._legacy(tokens, hidden, cache)
-        if args:
-            cache = args[0]
+    def __call__(self, tokens: mx.array, hidden: mx.array, cache=None) -> mx.array:
         return self.forward(self.embed(tokens), hidden, cache)
-
-    def _legacy(self, embeds: mx.array, hidden: mx.array, cache) -> mx.array:
-        # Transitional: gmlx/spec still calls `head(embed(tokens), hidden, final_norm, cache=...)`
-        # and then `target.lm_head(g)`. That matches every post-norm head whose logits are the
-        # target's LM head (all heads here), so those loops keep working until they move to
-        # the bound interface; then this method goes.
-        if self.hidden_convention != POST_NORM:
-            raise GmlxError(f"the {self.kind} head needs the target's {self.hidden_convention} hidden state,"
-                            " which this drafting loop does not provide; run with --no-speculative")
-        return self.forward(embeds, hidden, cache)

@@ -39,8 +39,9 @@ class DraftModelDrafter(Drafter):
     kind = "draft"
     needs_hidden = False
 
-    def __init__(self, model: Target, step_cost: float = 0.3, prefill_step: int = 512):
+    def __init__(self, model: Target, step_cost: float = 0.3, prefill_step: int = 512, path=None):
         self.model = model
+        self.path = path  # the draft model's directory (calibrated caps are keyed by it)
         self.step_cost = step_cost
         self.prefill_step = prefill_step
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from mlx.utils import tree_flatten
 
 from gmlx.errors import ModelLoadError, NoDrafterError
+from gmlx.models import family
+from gmlx.models.loading import no_drafter_message
 from gmlx.spec.drafters.base import Drafter
 
 KINDS = ("mtp", "draft", "assistant")
@@ -89,10 +91,10 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
         check_draft_compatible(lm, draft_lm)
         # Decode is memory-bound: a step costs about its weights' bytes, relative to the target's.
         cost = max(0.05, _n_params(draft_lm.target.model) / max(1, _n_params(lm.target.model)))
-        return DraftModelDrafter(draft_lm.target, step_cost=cost, prefill_step=prefill_step)
+        return DraftModelDrafter(draft_lm.target, step_cost=cost, prefill_step=prefill_step, path=draft_lm.path)
     if kind == "mtp":
         if lm.head is None:
-            raise NoDrafterError(f"{lm.name} has no MTP head; run with --no-speculative or give --draft-model PATH")
+            raise NoDrafterError(no_drafter_message(lm))
         from gmlx.spec.drafters.mtp import MTPDrafter, as_bound
 
         return MTPDrafter(as_bound(lm.head, lm.target), lm.target.hidden_size)
@@ -104,11 +106,23 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
     return AssistantDrafter(head, lm.target)
 
 
-def cap_key_suffix(drafter: Drafter | None, draft_lm=None) -> str:
+def cap_key_suffix(drafter: Drafter | None) -> str:
     """Calibrated caps are per drafter: the MTP head keeps the plain model key (as before), the
     other kinds add theirs, so a cap measured with one drafter never applies to another."""
     if drafter is None or drafter.kind == "mtp":
         return ""
     if drafter.kind == "draft":
-        return f"+draft:{draft_lm.path.resolve()}"
+        return f"+draft:{Path(drafter.path).resolve() if drafter.path else 'unnamed'}"
     return f"+{drafter.kind}"
+
+
+def cap_defaults(lm, drafter: Drafter | None) -> dict:
+    """The model-and-drafter part of `caps.resolve_cap(...)`: the family default for the drafter
+    actually in use (config.json's `speculative_width_cap` was measured with the model's own
+    head, so it applies to that head only) and the hard limit of a single-sequence drafter."""
+    if drafter is None or drafter.kind == "mtp":
+        return lm.cap_defaults()
+    kind = "draft-model" if drafter.kind == "draft" else drafter.kind
+    cap, source = family.default_cap(kind, lm.is_moe, None)
+    limit, why = family.single_sequence_limit(kind, drafter.max_width == 1)
+    return {"model_default": cap, "model_default_source": source, "hard_limit": limit, "hard_limit_reason": why}
