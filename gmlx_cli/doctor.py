@@ -6,34 +6,41 @@ import platform
 import sys
 
 import gmlx
-from gmlx import blas, caps
-from gmlx.config import parse_cap_env
+from gmlx import blas
+from gmlx.config import EngineConfig, Switches
+from gmlx.engine import Engine
 from gmlx.errors import GmlxError
 from gmlx.models.loading import default_model_path
+from gmlx.spec.drafters.select import available
 from gmlx_cli import generate as _generate
 from gmlx_cli import ui
-from gmlx_cli.options import DebugOpt, ModelOpt
+from gmlx_cli.options import DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt
 
 
-def _width_cap(lm) -> tuple[str, str]:
-    """The cap the engine would start with and where it comes from (engine's precedence)."""
+def _width_cap(engine) -> tuple[str, str]:
+    """The cap the engine starts with and where it comes from (the engine's own resolution)."""
     try:
-        key = caps.model_key(None if lm.path == default_model_path() else lm.path)
-        d = caps.resolve_cap(cli_cap=None, env_cap=parse_cap_env(), model_key=key, **lm.cap_defaults())
+        d = engine.cap_decision()
     except GmlxError as e:  # a bad switch or config is worth showing here, not worth aborting the report
         return "invalid", ui.one_line(str(e))
     return d.text, d.source + (f"; {d.notice}" if d.notice else "")
 
 
-def _drafter(lm) -> str:
-    if not lm.has_drafter:
-        return "none"
-    if not lm.can_rollback:
-        return f"{lm.drafter_kind} (unused: {', '.join(lm.rollback_blockers)} target layers cannot roll back)"
-    return lm.drafter_kind
+def _drafter(lm, engine) -> str:
+    others = [k for k in available(lm, engine.draft_lm) if k != getattr(engine.drafter, "kind", None)]
+    also = f" (also available: {', '.join(others)})" if others else ""
+    if engine.drafter is None:
+        if lm.has_drafter and not lm.can_rollback:
+            return f"{lm.drafter_kind} (unused: {', '.join(lm.rollback_blockers)} target layers cannot roll back)"
+        return "none" + also
+    kind = lm.drafter_kind if engine.drafter.kind == "mtp" else engine.drafter.kind
+    if engine.drafter.kind == "draft":
+        kind += f" ({engine.draft_lm.path})"
+    return kind + also
 
 
-def doctor(model: ModelOpt = None, debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
+def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: DrafterOpt = None,
+           debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
     """Report platform, versions, the BLAS in use and the model's speculative defaults."""
     active = blas.active_blas()
     hint = "" if blas.is_fast() else f"  [install a fast one: {blas.INSTALL_HINT}]"
@@ -52,14 +59,16 @@ def doctor(model: ModelOpt = None, debug: DebugOpt = False) -> None:  # noqa: AR
     sys.stdout.flush()
     # Loaded after the environment is printed, so a broken model still leaves a useful report.
     lm = _generate._load_model(model)
-    cap, cap_source = _width_cap(lm)
+    config = EngineConfig(drafter=drafter, draft_model=str(draft_model) if draft_model else None).validated()
+    engine = Engine(lm, config, switches=Switches())  # no thread, no request: only what it would run with
+    cap, cap_source = _width_cap(engine)
     ui.kv_block(
         [
             ("name", lm.name),
             ("path", str(lm.path)),
-            ("drafter", _drafter(lm)),
+            ("drafter", _drafter(lm, engine)),
             ("target", f"{'routed-expert (MoE)' if lm.is_moe else 'dense'}, hidden {lm.target.hidden_convention}"),
-            ("num_draft_tokens", f"{lm.default_k} (model default)" if lm.can_speculate else f"{lm.default_k} (unused)"),
+            ("num_draft_tokens", f"{lm.default_k} (model default)" if engine.speculative else f"{lm.default_k} (unused)"),
             ("speculative_width_cap", f"{cap} ({cap_source})"),
             ("context length", "unknown" if lm.context_length is None else f"{lm.context_length} tokens"),
         ],

@@ -1,0 +1,49 @@
+"""The CLI with other drafters: --draft-model and --drafter on generate and doctor; the same tokens
+as plain decoding; a draft model with another tokenizer is a one-line error."""
+
+import json
+
+import pytest
+from drafter_fixtures import random_draft_dir
+from test_cli import PROMPT, assert_one_line_error, run
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    return random_draft_dir(tmp_path_factory.mktemp("cli") / "draft")
+
+
+def gen(*args):
+    r = run("generate", PROMPT, "--max-tokens", "24", "--seed", "3", "--json", *args)
+    assert r.code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("temp", ["0", "0.8"])
+def test_draft_model_gives_the_plain_tokens(draft_dir, temp):
+    spec = gen("--temp", temp, "--draft-model", str(draft_dir))
+    plain = gen("--temp", temp, "--no-speculative")
+    assert spec["speculative"] and spec["num_drafted"] > 0
+    assert spec["tokens"] == plain["tokens"]
+
+
+def test_draft_model_that_does_not_exist(tmp_path):
+    r = run("generate", PROMPT, "--draft-model", str(tmp_path / "nope"))
+    assert_one_line_error(r, "does not exist")
+
+
+def test_unknown_drafter_kind():
+    r = run("generate", PROMPT, "--drafter", "medusa")
+    assert_one_line_error(r, "drafter must be")
+
+
+def test_draft_kind_without_a_draft_model():
+    r = run("generate", PROMPT, "--drafter", "draft")
+    assert_one_line_error(r, "--draft-model")
+
+
+def test_doctor_shows_the_drafter_and_its_cap_source(draft_dir):
+    r = run("doctor", "--draft-model", str(draft_dir))
+    assert r.code == 0, r.stderr
+    assert f"draft ({draft_dir})" in r.stdout
+    assert "2 (family default: draft model drafter)" in r.stdout
