@@ -158,7 +158,8 @@ class BatchLoop:
         if k > 1:
             trim_rows([self.draft.cache], np.full(len(self.rows), k - 1))
         p = int(accepted.max()) + 1
-        self.draft.hidden, self.draft.tokens = hidden[:, :p], targets[:, :p]
+        # FAULT (-1) past a row's accepted count sits in its padding, still run through the head
+        self.draft.hidden, self.draft.tokens = hidden[:, :p], mx.maximum(targets[:, :p], 0)
         self.draft.lengths = accepted + 1
         return [RoundResult(tokens=[int(x) for x in t[b, : accepted[b] + 1]], drafted=k, accepted=int(accepted[b]))
                 for b in range(len(self.rows))]
@@ -184,7 +185,7 @@ class BatchLoop:
         cur = self.lookahead if self.lookahead is not None else self._plain_step(self._bonus(), 0)
         self.lookahead = None
         if successor and any(r.remaining > 1 for r in self.rows):
-            self.lookahead = self._plain_step(cur, 1)
+            self.lookahead = self._plain_step(mx.maximum(cur, 0), 1)  # a FAULT row is finished; feed it a real id
             mx.async_eval(self.lookahead)
         toks = cur.tolist()  # sync: read this step's tokens while the next step computes
         return [RoundResult(tokens=row_toks, drafted=0, accepted=0) for row_toks in toks]
