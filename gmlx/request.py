@@ -88,6 +88,10 @@ class Row:
         for tok in candidates:
             if self.is_done:
                 break
+            if tok < 0:  # sampling.FAULT: this position's logits were unusable; the others' are not
+                self.finish_reason = "error"
+                self.error = f"non-finite logits at position {self.next_position}"
+                break
             if tok in self.eos_ids:
                 self.finish_reason = "stop"
                 break
@@ -98,6 +102,8 @@ class Row:
                 self.stats.t_first_token = now
             if self._cut_at_stop_string():
                 self.finish_reason = "stop"
+            elif self._stop_fn_says_stop():
+                pass  # finish_reason set there ("stop", or "error" when the callback raised)
             elif len(self.tokens) >= self.params.max_tokens:
                 self.finish_reason = "length"
             out.append(Piece(tok, self._release_text()))
@@ -122,6 +128,22 @@ class Row:
             return False
         self.text = self.text[: min(hits)]
         return True
+
+    def _stop_fn_says_stop(self) -> bool:
+        """The user's stop callback, on a copy of the tokens. A raising callback is this request's
+        fault: it ends the request with an error and the message, and the token stays emitted."""
+        fn = self.params.stop_fn
+        if fn is None:
+            return False
+        try:
+            stop = bool(fn(list(self.tokens), self.text))
+        except Exception as e:
+            self.finish_reason = "error"
+            self.error = f"stop_fn raised {type(e).__name__}: {e}"
+            return True
+        if stop:
+            self.finish_reason = "stop"
+        return stop
 
     def _release_text(self) -> str:
         """Text safe to show now: all of it, except a tail that could still begin a stop string."""
