@@ -11,11 +11,14 @@ decode step; the poison is picked so that no other request's stream or prompt co
 import dataclasses
 import threading
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
 from engine_helpers import check_solo, drive, engine, solo, with_eos
 from gmlx import SamplingParams
 from gmlx.metrics import EventKind
+from gmlx.sampling import FAULT, RowSampling, sample
 from gmlx.testing import poisoned
 
 WAIT = 60  # seconds; a bound, never a timing assertion
@@ -48,6 +51,34 @@ def pick_poison(lm, healthy) -> int:
 def check_fault(rec, position):
     assert rec.finish_reason == "error" and rec.tokens == []
     assert rec.error == f"non-finite logits at position {position}"
+
+
+# ---- the sampler's FAULT ------------------------------------------------------------------------
+@pytest.mark.parametrize("t", [0.0, 0.8])
+def test_sample_marks_unusable_positions_only(t):
+    """NaN, +inf or all -inf logits at a position give FAULT there; -inf entries alone are masked
+    tokens, not a fault; every other position and row samples as before."""
+    import mlx.core as mx
+    import numpy as np
+
+    from gmlx.sampling import FAULT, RowSampling, sample
+
+    v = 8
+    clean = np.tile(np.linspace(1.0, -1.0, v, dtype=np.float32), (2, 5, 1))  # [B=2, L=5, V]
+    bad = clean.copy()
+    bad[0, 1, 3] = np.nan
+    bad[0, 2, 5] = np.inf
+    bad[0, 3, :] = -np.inf
+    bad[1, 4, :4] = -np.inf  # masked entries: still usable
+    rs = RowSampling.from_params([P(4, 1, t).validated(), P(4, 2, t).validated()], [1, 2])
+    pos = mx.array(np.arange(5, dtype=np.int32)[None].repeat(2, 0))
+    ref = np.array(sample(mx.array(clean), rs, pos))
+    got = np.array(sample(mx.array(bad), rs, pos))
+    faults = np.zeros((2, 5), dtype=bool)
+    faults[0, 1:4] = True
+    assert (got == FAULT).tolist() == faults.tolist()
+    assert (got[~faults] >= 0).all() and got[0, 0] == ref[0, 0] and (got[1, :4] == ref[1, :4]).all()
+    assert got[1, 4] >= 4  # sampled among the unmasked tokens
 
 
 # ---- non-finite logits: scalar loop (speculative and plain), armed batch, gated batch ----------
