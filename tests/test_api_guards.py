@@ -203,10 +203,17 @@ def _long_requests(prompts):
 def test_close_with_the_engine_thread_joins_it(lm, prompts):
     eng = engine(lm, 0)
     reqs = _long_requests(prompts)
-    progressed = threading.Event()
-    eng.listeners.append(lambda ev: progressed.set() if eng.counters.rounds >= 3 else None)
+    progressed, closing = threading.Event(), threading.Event()
+
+    def hold_until_closing(ev):  # mid-stream when close() comes, however the threads are scheduled
+        if ev.kind is EventKind.ROUND and eng.counters.rounds == 3:
+            progressed.set()
+            closing.wait(WAIT)
+
+    eng.listeners.append(hold_until_closing)
     streams = {k: eng.submit(*r) for k, r in reqs.items()}
     assert progressed.wait(WAIT)
+    closing.set()
     closer = threading.Thread(target=eng.close)
     closer.start()
     closer.join(WAIT)
