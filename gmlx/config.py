@@ -7,9 +7,12 @@ batch loop. Anything else is a ConfigError at engine start, never a silent defau
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import secrets
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from gmlx.errors import ConfigError, InvalidRequest
 
@@ -53,6 +56,9 @@ class SamplingParams:
     (0 = off). seed: None draws one at submit time; it is reported in the final record.
     stop: strings that end generation; the matched string is not part of the text.
     ignore_eos: generate past EOS until max_tokens (as vLLM; for fixed-length benchmarks).
+    stop_fn: called on the engine thread after each emitted token with (tokens so far, text so
+    far); True ends the request ("stop"), an exception ends it with finish reason "error".
+    Keep it cheap: it runs inside every round of every request in the batch.
     """
 
     temperature: float = 0.0
@@ -63,28 +69,44 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # as vLLM: keep generating past EOS (fixed-length benchmarks)
+    stop_fn: Callable[[list[int], str], bool] | None = None
 
     def validated(self) -> "SamplingParams":
-        """Check every field; return a copy with a concrete seed and stop as a tuple."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        """Check every field; return a copy with a concrete seed and stop as a tuple. Wrong types
+        are InvalidRequest too (never a TypeError from deep inside the engine)."""
+        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
             raise InvalidRequest(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not (self.temperature >= 0.0):
-            raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if not (0.0 < self.top_p <= 1.0):
+        if not _is_real(self.temperature) or not (0.0 <= self.temperature < math.inf):
+            raise InvalidRequest(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _is_real(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise InvalidRequest(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise InvalidRequest(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not (0.0 <= self.min_p <= 1.0):
+        if not _is_real(self.min_p) or not (0.0 <= self.min_p <= 1.0):
             raise InvalidRequest(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        if not isinstance(self.stop, (str, list, tuple)):
+            raise InvalidRequest(f"stop must be a string or a list of strings, got {self.stop!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if any(not isinstance(s, str) or s == "" for s in stop):
             raise InvalidRequest("stop strings must be non-empty strings")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequest(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.stop_fn is not None and not callable(self.stop_fn):
+            raise InvalidRequest(f"stop_fn must be callable (tokens, text) -> bool, got {self.stop_fn!r}")
         seed = self.seed
         if seed is None:
             seed = secrets.randbits(31)
-        elif not isinstance(seed, int) or seed < 0:
+        elif not _is_int(seed) or seed < 0:
             raise InvalidRequest(f"seed must be an integer >= 0, got {seed!r}")
         return replace(self, seed=seed, stop=stop)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)  # numpy integers too; True is no count
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)

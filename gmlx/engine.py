@@ -23,7 +23,7 @@ from gmlx import caps
 from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
 from gmlx.errors import EngineBusy, EngineClosed, NoDrafterError, Overloaded
 from gmlx.intake import make_row
-from gmlx.metrics import Counters, Event, EventKind
+from gmlx.metrics import Counters, Event, EventKind, notify
 from gmlx.kv import lift_caches
 from gmlx.models.loading import LoadedModel, default_model_path, load, no_drafter_message, no_rollback_message
 from gmlx.prefill import Prefiller
@@ -92,6 +92,7 @@ class Engine:
         self._streams: dict[int, Stream] = {}
         self._ids = itertools.count()
         self._queue: collections.deque[Row] = collections.deque()
+        self._in_transit: list[Row] = []  # popped this step, maybe not in a loop yet (see _fail_live)
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -117,13 +118,18 @@ class Engine:
         return stream
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> FinalRecord:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise EngineBusy("generate() from the engine thread (a listener or stop_fn) would wait on itself;"
+                             " use submit() and read the stream elsewhere")
         stream = self.submit(prompt, params)
         for _ in stream:
             pass
         return stream.result
 
     def close(self) -> None:
-        """End live streams (finish reason "cancelled"), join the engine thread. Idempotent."""
+        """End live and queued streams (finish reason "cancelled"), join the engine thread, drop
+        every cache. Idempotent; from a listener (the engine thread) it returns without joining and
+        the thread ends after this step."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
@@ -136,6 +142,8 @@ class Engine:
         self._queue.clear()
         self._seq = self._plain = None
         self.batch.filter([])
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
         self.mode = Mode.IDLE
 
     # ---- engine thread -----------------------------------------------------------------
@@ -155,6 +163,8 @@ class Engine:
                         return
                 try:
                     self.step()
+                except EngineClosed:  # closed between the check above and the step: close() ends the rows
+                    return
                 except Exception as e:  # a fault ends the requests being served, never the engine
                     self._fail_live(e)
         finally:
@@ -164,8 +174,10 @@ class Engine:
             mx.clear_streams()
 
     def _fail_live(self, exc: Exception) -> None:
+        """The last resort: end every row being served (and any popped this step but not yet in a
+        loop, so no stream is left waiting); queued requests are served afterwards."""
         now = time.perf_counter()
-        for row in self._live_rows():
+        for row in self._live_rows() + self._in_transit:
             row.finish("error", now)
             self._deliver_final(row, error=f"{type(exc).__name__}: {exc}")
         self._seq = self._plain = None
@@ -179,17 +191,18 @@ class Engine:
 
     def step(self) -> list[Event]:
         """One round: reap cancellations, plan, apply the transition, run the round, retire."""
+        if self._closed:
+            raise EngineClosed("the engine is closed; create a new Engine")
         if self._thread is not None and threading.current_thread() is not self._thread:
             raise EngineBusy("the engine thread drives this engine (a submit() started it); do not call step()")
+        self._in_transit = []
         events = self._reap_cancelled()
         self._caps = self.cap_decision()  # once per round: the env and the user config may change live
         plan = admission.plan(self._view())
         events += self._apply(plan)
         events += self._round(plan.round)
         events += self._retire_finished()
-        for ev in events:
-            for fn in self.listeners:
-                fn(ev)
+        notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
         return events
 
     def cap_decision(self) -> caps.CapDecision:
@@ -231,7 +244,9 @@ class Engine:
 
     def _pop(self, n: int) -> list[Row]:
         with self._lock:
-            return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+            rows = [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+        self._in_transit += rows
+        return rows
 
     def _apply(self, plan: admission.Plan) -> list[Event]:
         events = []
@@ -255,8 +270,8 @@ class Engine:
                 transition(r, RowState.GATED)
         elif plan.transition == "form_batch":
             self.mode = Mode.BATCHED if plan.arm_newcomers else Mode.GATED
-        if plan.admit:
-            self._admit(self._pop(plan.admit), plan.arm_newcomers)
+        if plan.admit and plan.transition != "start_scalar":  # start_scalar took its one row above; a
+            self._admit(self._pop(plan.admit), plan.arm_newcomers)  # second pop would grab a late submit
         return events
 
     def _preempt(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
 from gmlx.models.loading import LoadedModel
@@ -12,11 +14,19 @@ def tokenize(lm: LoadedModel, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
         if prompt == "":
             raise InvalidRequest("the prompt is empty")
-        return list(lm.tokenizer.encode(prompt, add_special_tokens=True))
+        ids = list(lm.tokenizer.encode(prompt, add_special_tokens=True))
+        if not ids:
+            raise InvalidRequest("the prompt encodes to no tokens")
+        return ids
     try:
-        ids = [int(t) for t in prompt]
-    except (TypeError, ValueError):
-        raise InvalidRequest("a prompt must be a string or a list of token ids") from None
+        items = list(prompt)
+    except TypeError:
+        raise InvalidRequest(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}") from None
+    # int(1.7) would silently decode another token: only integers are token ids
+    odd = [t for t in items if not isinstance(t, numbers.Integral) or isinstance(t, bool)]
+    if odd:
+        raise InvalidRequest(f"prompt token ids must be integers, got {odd[:5]!r}")
+    ids = [int(t) for t in items]
     if not ids:
         raise InvalidRequest("the prompt is empty")
     vocab = lm.target.vocab_size
@@ -28,6 +38,8 @@ def tokenize(lm: LoadedModel, prompt: str | list[int]) -> list[int]:
 
 def make_row(lm: LoadedModel, prompt: str | list[int], params: SamplingParams | None) -> Row:
     """A validated Row (rid unset). Raises InvalidRequest; changes nothing."""
+    if params is not None and not isinstance(params, SamplingParams):
+        raise InvalidRequest(f"params must be a gmlx.SamplingParams, got {type(params).__name__}")
     params = (params or SamplingParams()).validated()
     ids = tokenize(lm, prompt)
     ctx = lm.context_length

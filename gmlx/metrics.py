@@ -7,8 +7,10 @@ already synced for their own work, so metrics cost no extra device sync.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
 
 
 @dataclass(slots=True)
@@ -101,8 +103,26 @@ class Counters:
     drafted: int = 0
     accepted: int = 0
     syncs: int = 0
+    listener_errors: int = 0  # listeners that raised (each was removed)
     transitions: dict = field(default_factory=lambda: {"preempt": 0, "gate": 0, "resume": 0, "capture": 0})
 
     def snapshot(self) -> dict:
         return {"rounds": self.rounds, "tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted,
-                "syncs": self.syncs, **{f"transition_{k}": v for k, v in self.transitions.items()}}
+                "syncs": self.syncs, "listener_errors": self.listener_errors,
+                **{f"transition_{k}": v for k, v in self.transitions.items()}}
+
+
+def notify(listeners: list[Callable[[Event], None]], events: list[Event], counters: Counters) -> None:
+    """Hand each event to every listener, in order. A listener that raises is counted, removed and
+    warned about: an observer must never end the requests it observes (the engine's last-resort
+    handler would fail every live row)."""
+    for ev in events:
+        for fn in list(listeners):
+            try:
+                fn(ev)
+            except Exception as e:
+                counters.listener_errors += 1
+                if fn in listeners:
+                    listeners.remove(fn)
+                warnings.warn(f"gmlx: engine listener {fn!r} raised {type(e).__name__}: {e}; it was removed"
+                              " (fix the listener and add it again)", RuntimeWarning, stacklevel=2)

@@ -3,8 +3,12 @@
 Emission is the single place that decides budgets and stops, for every loop: tokens are taken
 one by one from a round's output; EOS ends the request without being emitted (as mlx-lm's
 `stream_generate`), `max_tokens` is never exceeded, and a stop string ends the request at the
-token that completes it, with the string cut from the text. Text that might be the start of a
-stop string is held back until it is known not to be.
+token that completes it, with the string cut from the text; then `stop_fn` may end it. Text
+that might be the start of a stop string is held back until it is known not to be.
+
+Emission is also where one request's fault ends that request only: a FAULT token (its logits at
+that position were not finite, see `sampling.sample`) or a raising `stop_fn` finishes it with
+"error" and a message in `error`; the round's other rows are not affected.
 """
 
 from __future__ import annotations
@@ -88,6 +92,10 @@ class Row:
         for tok in candidates:
             if self.is_done:
                 break
+            if tok < 0:  # sampling.FAULT: this position's logits were unusable; the others' are not
+                self.finish_reason = "error"
+                self.error = f"non-finite logits at position {self.next_position}"
+                break
             if tok in self.eos_ids:
                 self.finish_reason = "stop"
                 break
@@ -98,6 +106,8 @@ class Row:
                 self.stats.t_first_token = now
             if self._cut_at_stop_string():
                 self.finish_reason = "stop"
+            elif (reason := self._stop_fn_reason()) is not None:
+                self.finish_reason = reason
             elif len(self.tokens) >= self.params.max_tokens:
                 self.finish_reason = "length"
             out.append(Piece(tok, self._release_text()))
@@ -122,6 +132,19 @@ class Row:
             return False
         self.text = self.text[: min(hits)]
         return True
+
+    def _stop_fn_reason(self) -> str | None:
+        """Ask the user's stop callback (on a copy of the tokens): "stop", or None to go on. A
+        raising callback is this request's fault: "error" with the message; the token stays."""
+        fn = self.params.stop_fn
+        if fn is None:
+            return None
+        try:
+            stop = bool(fn(list(self.tokens), self.text))
+        except Exception as e:
+            self.error = f"stop_fn raised {type(e).__name__}: {e}"
+            return "error"
+        return "stop" if stop else None
 
     def _release_text(self) -> str:
         """Text safe to show now: all of it, except a tail that could still begin a stop string."""

@@ -111,8 +111,22 @@ def filter_logprobs(logprobs: mx.array, rs: RowSampling) -> mx.array:
     return logprobs
 
 
+FAULT = -1  # the token `sample` returns where the logits are unusable (see `sample`)
+
+
 def sample(logits: mx.array, rs: RowSampling, positions: mx.array) -> mx.array:
-    """The target's tokens: logits [B, L, V], positions [B, L] absolute -> tokens [B, L] int32."""
+    """The target's tokens: logits [B, L, V], positions [B, L] absolute -> tokens [B, L] int32.
+
+    A position whose logits hold a NaN or +inf, or are all -inf, gets FAULT instead of a token:
+    the fault travels with the round's one host read (no extra sync), emission ends that request
+    with an error, and the other rows are untouched. -inf entries alone are legitimate (masked
+    tokens), so they are not a fault. FAULT never equals a draft, so acceptance stops there."""
+    top = mx.max(logits, axis=-1)  # NaN if any entry is NaN; +inf / -inf for the other faults
+    usable = mx.isfinite(top) & ~mx.any(mx.isnan(logits), axis=-1)  # [B, L]
+    return mx.where(usable, _sample_tokens(logits, rs, positions), FAULT)
+
+
+def _sample_tokens(logits: mx.array, rs: RowSampling, positions: mx.array) -> mx.array:
     if rs.all_greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -126,8 +140,9 @@ def sample(logits: mx.array, rs: RowSampling, positions: mx.array) -> mx.array:
 
 
 def draft_coupled(logits: mx.array, rs: RowSampling, positions: mx.array) -> mx.array:
-    """Scalar-loop drafts: the drafter's logits sampled with the target's noise for the same positions."""
-    return sample(logits, rs, positions)
+    """Scalar-loop drafts: the drafter's logits sampled with the target's noise for the same positions.
+    No FAULT here: a draft is only a guess the target verifies, and it is fed back into the models."""
+    return _sample_tokens(logits, rs, positions)
 
 
 def draft_greedy(logits: mx.array) -> mx.array:

@@ -1,8 +1,10 @@
 """Test and benchmark helpers shipped with the package: drive the loops without the engine
-thread, compare streams tie-aware (DESIGN §3), and script drafts to force acceptance counts."""
+thread, compare streams tie-aware (DESIGN §3), script drafts to force acceptance counts,
+and poison a target's logits to test fault isolation."""
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -105,3 +107,35 @@ def visible_window(text: str, start: int, width: int = 3) -> str:
     while i < len(text) - width and not text[i : i + width].strip():
         i += 1
     return text[i : i + width]
+
+
+class PoisonedTarget:
+    """A target whose logits are NaN at every position whose *input* token is `poison` (a test
+    hook for fault isolation): a request whose prompt ends with that token faults at its first
+    decode step, and a draft equal to it poisons only the position after it, which the round
+    never accepts. The hidden states are untouched, so the drafter sees nothing wrong."""
+
+    def __init__(self, target, poison: int):
+        self._target = target
+        self.poison = poison
+
+    def _poisoned(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        hit = (tokens == self.poison)[..., None]  # [B, L, 1]
+        return mx.where(hit, mx.array(float("nan"), dtype=logits.dtype), logits)
+
+    def __call__(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
+        logits, hidden = self._target(tokens, cache)
+        return self._poisoned(tokens, logits), hidden
+
+    def logits(self, tokens: mx.array, cache: list) -> mx.array:
+        return self._poisoned(tokens, self._target.logits(tokens, cache))
+
+    def __getattr__(self, name):  # embeddings, lm_head, backbone, make_cache, ...: the real target's
+        return getattr(self._target, name)
+
+
+def poisoned(lm: LoadedModel, poison: int) -> LoadedModel:
+    """A copy of the loaded model whose target is a PoisonedTarget (the weights are shared)."""
+    out = copy.copy(lm)
+    out.target = PoisonedTarget(lm.target, poison)
+    return out

@@ -113,7 +113,8 @@ class BatchLoop:
         t = np.array(targets.tolist(), dtype=np.int64)  # sync: evaluated above
         accepted = np.cumprod(d == t[:, :k], axis=1).sum(axis=1)  # [B] leading matches
         trim_rows(self.cache, k - accepted)
-        self.drafter.commit(self.draft, k, accepted, hidden, targets)
+        # A FAULT (-1) target ends its row at emission; the drafter must still never embed it.
+        self.drafter.commit(self.draft, k, accepted, hidden, mx.maximum(targets, 0))
         return [RoundResult(tokens=[int(x) for x in t[b, : accepted[b] + 1]], drafted=k, accepted=int(accepted[b]))
                 for b in range(len(self.rows))]
 
@@ -123,7 +124,7 @@ class BatchLoop:
         cur = self.lookahead if self.lookahead is not None else self._plain_step(self._bonus(), 0)
         self.lookahead = None
         if successor and any(r.remaining > 1 for r in self.rows):
-            self.lookahead = self._plain_step(cur, 1)
+            self.lookahead = self._plain_step(mx.maximum(cur, 0), 1)  # a FAULT row is finished; feed it a real id
             mx.async_eval(self.lookahead)
         toks = cur.tolist()  # sync: read this step's tokens while the next step computes
         return [RoundResult(tokens=row_toks, drafted=0, accepted=0) for row_toks in toks]
@@ -139,7 +140,7 @@ class BatchLoop:
         targets = sample(logits, self.rs, self._positions(1))  # [B, 1]
         mx.eval(targets)  # sync: the round's one host read
         toks = targets.tolist()  # sync: evaluated above
-        self.draft = self.drafter.capture(self.rows, hidden, targets)
+        self.draft = self.drafter.capture(self.rows, hidden, mx.maximum(targets, 0))  # FAULT: see commit
         return [RoundResult(tokens=t, drafted=0, accepted=0) for t in toks]
 
     def kv_lengths(self) -> np.ndarray:

@@ -161,7 +161,7 @@ class ScalarLoop:
             for c in seq.cache:
                 c.trim(k - a)
         if seq.draft is not None:
-            self.drafter.commit(seq.draft, k, np.array([a]), hidden, targets)
+            self.drafter.commit(seq.draft, k, np.array([a]), hidden, mx.maximum(targets, 0))  # never embed FAULT
         return RoundResult(tokens=out, drafted=k, accepted=a)
 
 
@@ -188,7 +188,7 @@ class PlainDecoder:
         cur = self.next if self.next is not None else self._step(mx.array([[self.seq.bonus]], dtype=mx.int32), self.pos)
         self.next = None
         if successor and self.seq.row.remaining > 1:
-            self.next = self._step(cur, self.pos + 1)
+            self.next = self._step(mx.maximum(cur, 0), self.pos + 1)  # a FAULT ends the row; feed a real id
             mx.async_eval(self.next)
         tok = cur.item()  # sync: read this step's token while the next one computes
         self.pos += 1

@@ -49,9 +49,7 @@ class DraftPick:
         if self.rs is None:
             return draft_greedy(logits)
         pos = mx.array((self.first_positions[:, None] + j).astype(np.int32))
-        # A drafter's non-finite logits sample to the -1 sentinel; a draft is only a guess, so
-        # any valid id will do (the verify decides), and the target must never embed -1.
-        return mx.maximum(draft_coupled(logits, self.rs, pos), 0)
+        return draft_coupled(logits, self.rs, pos)
 
 
 class Drafter(ABC):
