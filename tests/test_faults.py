@@ -126,13 +126,15 @@ def test_a_poisoned_draft_never_reaches_the_stream(lm, prompts):
 
     def run_recording_drafts(model):
         eng = engine(model, 0)
-        drafted, real = [], eng.batch._draft
+        drafter = eng.batch.drafter
+        drafted, real = [], drafter.draft
 
-        def recording(k):
-            d = real(k)
-            drafted.extend(t for row in d.tolist() for t in row)  # sync: test-only read of the drafts
+        def recording(st, k, pick, target_cache):
+            d = real(st, k, pick, target_cache)
+            if eng.mode.value == "batched":
+                drafted.extend(t for row in d.tolist() for t in row)  # sync: test-only read of the drafts
             return d
-        eng.batch._draft = recording
+        drafter.draft = recording
         run = drive(eng, {0: [(k, *v) for k, v in reqs.items()]})
         eng.close()
         return run, drafted
