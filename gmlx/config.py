@@ -11,7 +11,7 @@ import math
 import numbers
 import os
 import secrets
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from gmlx.errors import ConfigError, InvalidRequest

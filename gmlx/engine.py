@@ -1,31 +1,25 @@
-"""The engine: owns the model, the two decode loops, the injection queue and the streams.
+"""The engine: owns the model, the drafter and the two decode loops; one step at a time.
 
 All MLX work happens in one engine thread (or in the caller's thread when it drives `step()`
 itself, as tests do). `submit()` validates a request completely before touching any state,
 then queues it; requests join between rounds. `spec/admission.py` decides each step's
-transition and round; `_apply` and `_round` carry them out.
+transition and round; `_apply` and `_round` carry them out. The queue, the streams, the engine
+thread and shutdown are the service's (gmlx/service.py).
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import itertools
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Callable
 
-import mlx.core as mx
-
 from gmlx import caps
-from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
-from gmlx.errors import EngineBusy, EngineClosed, NoDrafterError, Overloaded
-from gmlx.intake import make_row
+from gmlx.config import EngineConfig, Switches, parse_cap_env
+from gmlx.errors import EngineBusy, EngineClosed
 from gmlx.metrics import Counters, Event, EventKind, notify
 from gmlx.kv import lift_caches
-from gmlx.models.loading import LoadedModel, default_model_path, load, no_drafter_message, no_rollback_message
+from gmlx.models.loading import LoadedModel, default_model_path, load
 from gmlx.prefill import Prefiller
 from gmlx.prompt_cache import PromptCache
 from gmlx.request import Row, RowState, transition
@@ -34,21 +28,12 @@ from gmlx.spec import admission
 from gmlx.spec.admission import Mode, Round
 from gmlx.spec.batch import BatchLoop
 from gmlx.spec.drafters.base import Drafter
-from gmlx.spec.drafters.select import cap_defaults, cap_key_suffix, load_draft_model, select_drafter
+from gmlx.spec.drafters.select import choose
 from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
-from gmlx.stream import FinalRecord, Stream
-
-_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+from gmlx.service import EngineService
 
 
-@atexit.register
-def _close_live_engines() -> None:
-    """Join engine threads before the interpreter finalises (MLX aborts on live streams)."""
-    for engine in list(_LIVE):
-        engine.close()
-
-
-class Engine:
+class Engine(EngineService):
     def __init__(self, model: LoadedModel | str | Path | None = None, config: EngineConfig | None = None,
                  *, switches: Switches | None = None, draft_model: LoadedModel | str | Path | None = None,
                  drafter: Drafter | None = None):
@@ -58,28 +43,18 @@ class Engine:
         self.config = (config or EngineConfig()).validated()
         self.switches = switches if switches is not None else Switches.from_env()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
-        draft_model = draft_model if draft_model is not None else self.config.draft_model
-        self.draft_lm = (draft_model if draft_model is None or isinstance(draft_model, LoadedModel)
-                         else load_draft_model(draft_model))
-        self.notices: list[str] = []  # said once to the user (the CLI prints them)
-        if drafter is None and self.config.speculative is not False:
-            drafter = select_drafter(self.lm, self.config.drafter, self.draft_lm, self.config.prefill_step_size)
-        if self.config.speculative and drafter is None:
-            raise NoDrafterError(no_drafter_message(self.lm))
-        if drafter is not None and not self.lm.can_rollback:
-            if self.config.speculative:
-                raise NoDrafterError(no_rollback_message(self.lm))
-            self.notices.append(no_rollback_message(self.lm))
-            drafter = None
-        self.drafter = drafter
+        choice = choose(self.lm, self.config, draft_model, drafter)
+        self.drafter = drafter = choice.drafter
+        self.draft_lm = choice.draft_lm
+        self.notices = choice.notices  # said once to the user (the CLI prints them)
         self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
         self.scalar = ScalarLoop(self.lm.target, drafter, self.k, self.config.prefill_step_size)
         self.batch = BatchLoop(self.lm.target, drafter, self.k)
         self.mode = Mode.IDLE
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
-                          + cap_key_suffix(drafter))
-        self._cap_defaults = cap_defaults(self.lm, drafter)
+                          + choice.cap_key_suffix)
+        self._cap_defaults = choice.cap_defaults
         self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
         if self._caps.notice:
             self.notices.append(self._caps.notice)
@@ -89,100 +64,7 @@ class Engine:
         self.listeners: list[Callable[[Event], None]] = []
         self._seq: ScalarSeq | None = None
         self._plain: PlainDecoder | None = None
-        self._streams: dict[int, Stream] = {}
-        self._ids = itertools.count()
-        self._queue: collections.deque[Row] = collections.deque()
-        self._in_transit: list[Row] = []  # popped this step, maybe not in a loop yet (see _fail_live)
-        self._lock = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        _LIVE.add(self)
-
-    # ---- caller side -------------------------------------------------------------------
-    def submit(self, prompt: str | list[int], params: SamplingParams | None = None, *, start: bool = True) -> Stream:
-        """Queue a request (thread-safe); returns its stream. Raises GmlxError on bad input."""
-        row = make_row(self.lm, prompt, params)
-        with self._lock:
-            if self._closed:
-                raise EngineClosed("the engine is closed; create a new Engine")
-            if len(self._queue) >= self.config.max_queued:
-                raise Overloaded(f"{len(self._queue)} requests are queued (max_queued={self.config.max_queued});"
-                                 " retry later or raise EngineConfig.max_queued")
-            row.rid = next(self._ids)
-            stream = Stream(row.rid, row.seed)
-            self._streams[row.rid] = stream
-            self._queue.append(row)
-            self._lock.notify_all()
-        if start:
-            self._ensure_thread()
-        return stream
-
-    def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> FinalRecord:
-        if self._thread is not None and threading.current_thread() is self._thread:
-            raise EngineBusy("generate() from the engine thread (a listener or stop_fn) would wait on itself;"
-                             " use submit() and read the stream elsewhere")
-        stream = self.submit(prompt, params)
-        for _ in stream:
-            pass
-        return stream.result
-
-    def close(self) -> None:
-        """End live and queued streams (finish reason "cancelled"), join the engine thread, drop
-        every cache. Idempotent; from a listener (the engine thread) it returns without joining and
-        the thread ends after this step."""
-        with self._lock:
-            self._closed = True
-            self._lock.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        now = time.perf_counter()
-        for row in self._live_rows() + list(self._queue):
-            row.finish("cancelled", now)
-            self._deliver_final(row)
-        self._queue.clear()
-        self._seq = self._plain = None
-        self.batch.filter([])
-        if self.prompt_cache is not None:
-            self.prompt_cache.clear()
-        self.mode = Mode.IDLE
-
-    # ---- engine thread -----------------------------------------------------------------
-    def _ensure_thread(self) -> None:
-        with self._lock:
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="gmlx-engine", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    while not self._closed and not self._queue and self.mode is Mode.IDLE:
-                        self._lock.wait()
-                    if self._closed:
-                        return
-                try:
-                    self.step()
-                except EngineClosed:  # closed between the check above and the step: close() ends the rows
-                    return
-                except Exception as e:  # a fault ends the requests being served, never the engine
-                    self._fail_live(e)
-        finally:
-            # MLX requires each thread to destroy its streams before it ends, or the process may
-            # abort at exit ("terminate called without an active exception"; mlx#3126, #4327).
-            mx.synchronize()
-            mx.clear_streams()
-
-    def _fail_live(self, exc: Exception) -> None:
-        """The last resort: end every row being served (and any popped this step but not yet in a
-        loop, so no stream is left waiting); queued requests are served afterwards."""
-        now = time.perf_counter()
-        for row in self._live_rows() + self._in_transit:
-            row.finish("error", now)
-            self._deliver_final(row, error=f"{type(exc).__name__}: {exc}")
-        self._seq = self._plain = None
-        self.batch = BatchLoop(self.lm.target, self.drafter, self.k)
-        self.mode = Mode.IDLE
+        self._init_service()
 
     # ---- one step ----------------------------------------------------------------------
     @property
@@ -237,16 +119,18 @@ class Engine:
     def _wants_hidden(self) -> bool:
         return self.drafter is not None and self.drafter.needs_hidden
 
+    def _reset_loops(self, drop_caches: bool = False) -> None:
+        """No row is served any more (close() or a fault): drop both loops' state."""
+        self._seq = self._plain = None
+        self.batch = BatchLoop(self.lm.target, self.drafter, self.k)
+        self.mode = Mode.IDLE
+        if drop_caches and self.prompt_cache is not None:
+            self.prompt_cache.clear()
+
     def _live_rows(self) -> list[Row]:
         if self.mode is Mode.SCALAR and self._seq is not None:
             return [self._seq.row]
         return list(self.batch.rows)
-
-    def _pop(self, n: int) -> list[Row]:
-        with self._lock:
-            rows = [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
-        self._in_transit += rows
-        return rows
 
     def _apply(self, plan: admission.Plan) -> list[Event]:
         events = []
@@ -376,11 +260,3 @@ class Engine:
         if not self._live_rows():
             self.mode = Mode.IDLE
         return events
-
-    def _deliver_final(self, row: Row, error: str | None = None) -> None:
-        if row.state is not RowState.DONE:
-            transition(row, RowState.DONE)
-        stream = self._streams.pop(row.rid, None)
-        if stream is None:
-            return
-        stream._finish(FinalRecord.of(row, self.speculative, error))

@@ -11,14 +11,12 @@ decode step; the poison is picked so that no other request's stream or prompt co
 import dataclasses
 import threading
 
-import mlx.core as mx
-import numpy as np
 import pytest
 
 from engine_helpers import check_solo, drive, engine, solo, with_eos
 from gmlx import SamplingParams
 from gmlx.metrics import EventKind
-from gmlx.sampling import FAULT, RowSampling, sample
+from gmlx.sampling import sample
 from gmlx.testing import poisoned
 
 WAIT = 60  # seconds; a bound, never a timing assertion

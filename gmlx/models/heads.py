@@ -28,10 +28,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from gmlx.errors import GmlxError
 
 POST_NORM = "post_norm"
 PRE_NORM = "pre_norm"

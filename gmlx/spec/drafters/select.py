@@ -8,6 +8,7 @@ when one is given (the caller asked for it), else the MTP head, else the assista
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from mlx.utils import tree_flatten
 
 from gmlx.errors import ModelLoadError, NoDrafterError
 from gmlx.models import family
-from gmlx.models.loading import no_drafter_message
+from gmlx.models.loading import LoadedModel, no_drafter_message, no_rollback_message
 from gmlx.spec.drafters.base import Drafter
 
 KINDS = ("mtp", "draft", "assistant")
@@ -126,3 +127,33 @@ def cap_defaults(lm, drafter: Drafter | None) -> dict:
     cap, source = family.default_cap(kind, lm.is_moe, None)
     limit, why = family.single_sequence_limit(kind, drafter.max_width == 1)
     return {"model_default": cap, "model_default_source": source, "hard_limit": limit, "hard_limit_reason": why}
+
+
+@dataclass
+class DrafterChoice:
+    """What an engine drafts with, and what follows from it."""
+
+    drafter: Drafter | None
+    draft_lm: LoadedModel | None
+    cap_defaults: dict  # for caps.resolve_cap
+    cap_key_suffix: str  # calibrated caps are stored per drafter
+    notices: list[str] = field(default_factory=list)  # said once to the user
+
+
+def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> DrafterChoice:
+    """The engine's drafter from its config: an explicit `drafter` instance, else the kind asked
+    for (or the default order). speculative=True without one is an error; a target that cannot
+    roll back decodes plain (an error when speculation was asked for)."""
+    draft_model = draft_model if draft_model is not None else config.draft_model
+    draft_lm = draft_model if draft_model is None or isinstance(draft_model, LoadedModel) else load_draft_model(draft_model)
+    if drafter is None and config.speculative is not False:
+        drafter = select_drafter(lm, config.drafter, draft_lm, config.prefill_step_size)
+    if config.speculative and drafter is None:
+        raise NoDrafterError(no_drafter_message(lm))
+    notices = []
+    if drafter is not None and not lm.can_rollback:
+        if config.speculative:
+            raise NoDrafterError(no_rollback_message(lm))
+        notices.append(no_rollback_message(lm))
+        drafter = None
+    return DrafterChoice(drafter, draft_lm, cap_defaults(lm, drafter), cap_key_suffix(drafter), notices)
