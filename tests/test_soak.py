@@ -1,5 +1,5 @@
 """The soak, shortened (issue 5 item 6; the full run is `benchmarks/soak.py`), and the engine
-race it found, pinned down deterministically."""
+faults found while building it, each pinned down deterministically."""
 
 from __future__ import annotations
 
@@ -42,6 +42,24 @@ def test_submit_landing_between_plan_and_apply_waits_for_its_turn(lm, prompts, m
     for s in (first, late[0]):
         rec = s.wait(5)
         assert (rec.finish_reason, rec.error) == ("length", None)
+
+
+def test_invalid_cap_env_mid_run_does_not_strand_a_queued_request(lm, prompts, monkeypatch):
+    """GMLX_MTP_WIDTH_CAP takes integers only, and the engine re-reads it every round. Set to an
+    invalid value mid-run, every step raises before planning; the engine thread fails the live
+    requests, but a queued one is neither served nor failed: it waits forever while the thread
+    spins. (Found while building the soak's cap flipper, which therefore says "off" through
+    the user config.) Whatever the engine does with a bad value mid-run, a request must end."""
+    eng = Engine(lm, EngineConfig(width_cap=None), switches=Switches(preempt=True, resume=True))
+    try:
+        eng.generate(prompts[0], SamplingParams(max_tokens=2, seed=0))  # the engine thread is up
+        monkeypatch.setenv(CAP_ENV, "off")
+        stream = eng.submit(prompts[1], SamplingParams(max_tokens=4, seed=1))
+        rec = stream.wait(10)  # four tokens take milliseconds; today it never ends
+        assert rec.finish_reason in ("length", "stop", "error")
+    finally:
+        monkeypatch.delenv(CAP_ENV, raising=False)
+        eng.close()
 
 
 def test_schedule_is_reproducible_and_varied(lm):
