@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
 from gmlx import caps
 from gmlx.config import EngineConfig, Switches, parse_cap_env
-from gmlx.errors import EngineBusy, EngineClosed
+from gmlx.errors import ConfigError, EngineBusy, EngineClosed
 from gmlx.metrics import Counters, Event, EventKind, notify
 from gmlx.kv import lift_caches
 from gmlx.models.loading import LoadedModel, default_model_path, load
@@ -56,6 +57,7 @@ class Engine(EngineService):
                           + choice.cap_key_suffix)
         self._cap_defaults = choice.cap_defaults
         self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
+        self._cap_errors: set[str] = set()
         if self._caps.notice:
             self.notices.append(self._caps.notice)
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
@@ -79,7 +81,7 @@ class Engine(EngineService):
             raise EngineBusy("the engine thread drives this engine (a submit() started it); do not call step()")
         self._in_transit = []
         events = self._reap_cancelled()
-        self._caps = self.cap_decision()  # once per round: the env and the user config may change live
+        self._caps = self._refresh_caps()  # once per round: the env and the user config may change live
         plan = admission.plan(self._view())
         events += self._apply(plan)
         events += self._round(plan.round)
@@ -92,6 +94,18 @@ class Engine(EngineService):
         so a live change takes effect at the next round) > user config > model default."""
         return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self.model_key,
                                 **self._cap_defaults)
+
+    def _refresh_caps(self) -> caps.CapDecision:
+        """The cap for this round. A value broken mid-run (a typo in GMLX_MTP_WIDTH_CAP or the user
+        config) cannot stop requests being served: the last valid cap stays, with one warning per
+        bad value (at engine start the same value is an error)."""
+        try:
+            return self.cap_decision()
+        except ConfigError as e:
+            if str(e) not in self._cap_errors:
+                self._cap_errors.add(str(e))
+                warnings.warn(f"gmlx: {e}; keeping the cap in force ({self._caps.text})", RuntimeWarning, stacklevel=2)
+            return self._caps
 
     def _k_for(self, width: int) -> int:
         """Drafts per round at this width: the explicit setting, else a calibrated K per width
