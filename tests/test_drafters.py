@@ -121,3 +121,23 @@ def test_draft_state_follows_the_batch(lm, prompts, drafts):
     check_solo(lm, run)
     assert lens and max(len(x) for x in lens) == 4
     eng.close()
+
+
+def test_single_sequence_drafter_is_held_to_width_one(lm, prompts):
+    """A drafter that serves one row at a time: the cap is clamped to 1 whatever is asked (with a
+    notice saying so), so no batch of two or more ever drafts; the streams are unchanged."""
+    from gmlx.spec.drafters.mtp import MTPDrafter, as_bound
+
+    class OneRow(MTPDrafter):
+        max_width = 1
+
+    eng = Engine(lm, EngineConfig(width_cap=0), switches=Switches(), drafter=OneRow(as_bound(lm.head, lm.target),
+                                                                                    lm.target.hidden_size))
+    assert eng.cap() == 1 and any("lowered to 1" in n for n in eng.notices), eng.notices
+    arrivals = {0: [(0, prompts[9], P(0, 30, "greedy"))], 3: [(1, prompts[10], P(1, 10, "mixed"))]}
+    run = drive(eng, arrivals)
+    check_solo(lm, run)
+    rounds = [e for _, e in run.rounds()]
+    assert any(e.mode == "scalar" and any(d for _, d, _, _ in e.rows) for e in rounds)  # it does draft alone
+    assert not any(e.mode == "speculative" and e.width > 1 for e in rounds)
+    eng.close()

@@ -120,13 +120,21 @@ def cap_key_suffix(drafter: Drafter | None) -> str:
 def cap_defaults(lm, drafter: Drafter | None) -> dict:
     """The model-and-drafter part of `caps.resolve_cap(...)`: the family default for the drafter
     actually in use (config.json's `speculative_width_cap` was measured with the model's own
-    head, so it applies to that head only) and the hard limit of a single-sequence drafter."""
-    if drafter is None or drafter.kind == "mtp":
+    head, so it applies to that head only) and the hard limit of a drafter that serves only
+    `max_width` rows (1: a single-sequence drafter, which no setting may raise)."""
+    if drafter is None:
         return lm.cap_defaults()
-    kind = "draft-model" if drafter.kind == "draft" else drafter.kind
-    cap, source = family.default_cap(kind, lm.is_moe, None)
+    if drafter.kind == "mtp":
+        out = lm.cap_defaults()
+        kind = lm.drafter_kind or "mtp"
+    else:
+        kind = "draft-model" if drafter.kind == "draft" else drafter.kind
+        cap, source = family.default_cap(kind, lm.is_moe, None)
+        out = {"model_default": cap, "model_default_source": source}
     limit, why = family.single_sequence_limit(kind, drafter.max_width == 1)
-    return {"model_default": cap, "model_default_source": source, "hard_limit": limit, "hard_limit_reason": why}
+    if limit is not None:
+        out.update(hard_limit=limit, hard_limit_reason=why)
+    return out
 
 
 @dataclass
