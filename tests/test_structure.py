@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "gmlx"
-GRAPH_BUILDERS = ["sampling.py", "spec/drafter.py", "models/adapter.py", "models/mtp.py", "kv.py"]
+GRAPH_BUILDERS = ["sampling.py", "spec/drafter.py", "models/adapter.py", "models/mtp.py", "models/assistant.py", "kv.py"]
 
 
 def test_engine_never_imports_ui_libraries():
