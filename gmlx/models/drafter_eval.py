@@ -114,3 +114,67 @@ def step_costs(target, draft, assistant, mtp, context: int = 200, reps: int = 20
     # Small steps suffer most from a busy machine, so the load at measurement time goes on record.
     out.update(context=context, reps=reps, load_average=os.getloadavg()[0])
     return out
+
+
+def greedy_acceptance(target, draft, assistant, mtp, prompts: list[list[int]], k: int = 3, gen: int = 128) -> dict:
+    """Greedy speculation at batch 1 with k drafts a round, replayed against the target's greedy
+    stream (speculation never changes it, so the accepted count of every round is fixed by it).
+    Each round drafts from the state the engine would have: the target's cache over 0..t, its
+    hidden h_t and the bonus token t+1. Returns accepted / proposed drafts per drafter."""
+    emb, norm, lm = target.embed_tokens, target.final_norm, target.lm_head
+
+    def top(logits: mx.array) -> int:
+        return int(mx.argmax(logits[0, -1]).item())  # sync: a drafted token decides the next step
+
+    accepted = {"draft": 0, "mtp": 0, "assistant": 0}
+    proposed = dict.fromkeys(accepted, 0)
+    for ids in prompts:
+        seq = list(ids)
+        cache = make_prompt_cache(target.model)
+        logits = target.model(mx.array([ids]), cache=cache)
+        for _ in range(gen):
+            seq.append(top(logits))
+            logits = target.model(mx.array([seq[-1:]]), cache=cache)
+        x = mx.array([seq])
+        cache = make_prompt_cache(target.model)
+        hid = target.backbone(x, cache=cache)
+        kv = cache[assistant.config.kv_layer]
+
+        def propose(name: str, t: int) -> list[int]:
+            out, tok = [], seq[t + 1]
+            if name == "assistant":
+                g, mask = hid[:, t : t + 1], key_mask([t + 1], kv.keys.shape[2])
+                for j in range(k):
+                    g = assistant(emb(mx.array([[tok]])), g, kv.keys, kv.values, mx.array([t + 1 + j]), mask, norm)
+                    tok = top(lm(g))
+                    out.append(tok)
+            elif name == "mtp":
+                # Its cache is rebuilt over the accepted prefix each round, as the engine's catch-up leaves it.
+                c = KVCache()
+                g = mtp(emb(x[:, 1 : t + 2]), hid[:, : t + 1], norm, cache=c)[:, -1:]
+                for _ in range(k):
+                    tok = top(lm(g))
+                    out.append(tok)
+                    g = mtp(emb(mx.array([[tok]])), g, norm, cache=c)
+            else:
+                c = make_prompt_cache(draft)
+                logits = draft(x[:, : t + 2], cache=c)
+                for _ in range(k):
+                    tok = top(logits)
+                    out.append(tok)
+                    logits = draft(mx.array([[tok]]), cache=c)
+            return out
+
+        for name in accepted:
+            t = len(ids) - 1  # the prompt is computed; the first generated token is the bonus
+            while t + 1 + k < len(seq):
+                d = propose(name, t)
+                a = 0
+                while a < k and d[a] == seq[t + 2 + a]:
+                    a += 1
+                accepted[name] += a
+                proposed[name] += k
+                t += a + 1
+    out = {f"{name}_acceptance": accepted[name] / proposed[name] for name in accepted}
+    out.update(k=k, gen=gen, prompts=len(prompts))
+    return out

@@ -8,7 +8,7 @@ encoded with the *shipped* tokenizer, so the drafters speak the target's vocabul
 
 - Draft model (``<out>/draft/``, a complete mlx-lm directory with the target's tokenizer): the
   target's embeddings, first `--draft-layers` blocks and final norm, fine-tuned as a model of its
-  own. The truncated target already agrees with the full one (42% at 2 layers, untrained), which
+  own. The truncated target already agrees with the full one (about 42% at 2 layers, untrained), which
   training from scratch did not reach in this budget. Loss: CE on the data; `--draft-alpha` mixes in
   CE against the target's softmax, which costs a target forward per step (about twice the step).
 - Assistant head (``<out>/assistant_*``, see `gmlx.models.assistant`): trained on the frozen
@@ -45,8 +45,15 @@ from mlx.utils import tree_flatten, tree_map  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from gmlx.models.assistant import AssistantConfig, AssistantHead, causal_key_mask, load_assistant, save_assistant  # noqa: E402
-from gmlx.models.drafter_eval import agreement, step_costs  # noqa: E402
+from gmlx.data import load_prompts  # noqa: E402
+from gmlx.models.assistant import (  # noqa: E402
+    AssistantConfig,
+    AssistantHead,
+    causal_key_mask,
+    load_assistant,
+    save_assistant,
+)
+from gmlx.models.drafter_eval import agreement, greedy_acceptance, step_costs  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
 from gmlx.models.model_card import machine_line, with_drafters_section  # noqa: E402
 from gmlx.models.train_default import batches, corpus_files, encode_all, read, split_files  # noqa: E402
@@ -142,7 +149,7 @@ def init_from_mtp(head: AssistantHead, mtp) -> None:
     """Start from the MTP head's weights that mean the same thing here, with o_proj at zero: its
     attention read the head's own keys, so through the target's K/V its output is noise (15.7%
     agreement at t+2 when copied). From zero the head begins as the MTP head without attention
-    (44.4%) and training grows the attention path."""
+    (45.6%) and training grows the attention path."""
     layer = mtp.layer
     head.update(tree_map(mx.array, {
         "embed_norm": mtp.embed_norm.parameters(), "hidden_norm": mtp.hidden_norm.parameters(),
@@ -204,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=20, help="steps; both drafters start from trained weights")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=8, help="shipped prompts for the replayed acceptance")
+    ap.add_argument("--k", type=int, default=3, help="drafts a round for the replayed acceptance")
     a = ap.parse_args(argv)
 
     mx.random.seed(a.seed)
@@ -240,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     head = load_assistant(a.out)
 
     metrics = agreement(target, draft, head, lm.head, val_ids, a.seq)
+    prompts = [lm.tokenizer.encode(p) for p in load_prompts()[: a.prompts]]
+    metrics.update(greedy_acceptance(target, draft, head, lm.head, prompts, k=a.k))
     costs = step_costs(target, draft, head, lm.head)
     sizes = {"params_draft": sum(v.size for _, v in tree_flatten(draft.parameters())),
              "params_assistant": sum(v.size for _, v in tree_flatten(head.parameters()))}
