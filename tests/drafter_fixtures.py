@@ -42,6 +42,8 @@ def draft_lm(kind: str, lm, tmp_factory):
         return lm
     if kind == "draft-random":
         return load(random_draft_dir(tmp_factory.mktemp("draft") / "random"))
+    if kind == "draft-shipped":
+        return load(default_model_path() / "draft")
     return None
 
 

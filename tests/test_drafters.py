@@ -11,7 +11,7 @@ from gmlx.config import Switches
 from gmlx.spec.drafters.select import select_drafter
 from gmlx.testing import run_scalar
 
-KINDS = ["draft-self", "draft-random", "assistant-random"]
+KINDS = ["draft-self", "draft-random", "draft-shipped", "assistant-random", "assistant"]
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,7 @@ def drafts(lm, tmp_path_factory):
     """kind -> a drafter instance (the engine and the scalar loop take any protocol implementation)."""
     out = {k: select_drafter(lm, "draft", draft_lm(k, lm, tmp_path_factory)) for k in KINDS if k.startswith("draft")}
     out["assistant-random"] = random_assistant(lm)
+    out["assistant"] = select_drafter(lm, "assistant")  # the trained one shipped with the model
     return out
 
 

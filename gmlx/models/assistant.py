@@ -122,7 +122,8 @@ def _mlp_args(config: AssistantConfig) -> llama.ModelArgs:
 
 def key_mask(lengths, T: int, L: int = 1) -> mx.array:
     """Draft-time mask [B, 1, L, T]: every query of row b sees keys j < lengths[b] (the row's cached
-    prefix); keys past it (padding, stale rollback entries) are hidden."""
+    prefix); keys past it (padding, stale rollback entries) are hidden. A row of length 0 has
+    nothing to attend to and gets an undefined output: draft only for rows with a cached prefix."""
     n = lengths if isinstance(lengths, mx.array) else mx.array(np.asarray(lengths, dtype=np.int32))
     visible = mx.arange(T, dtype=mx.int32)[None, None, None, :] < n.astype(mx.int32)[:, None, None, None]
     return mx.broadcast_to(visible, (n.shape[0], 1, L, T))

@@ -1,0 +1,120 @@
+"""The KV-sharing assistant head drafts at inference exactly as it was trained, row by row."""
+
+import gmlx  # noqa: F401  (loads OpenBLAS before mlx.core)
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from gmlx.kv import RaggedKVCache
+from gmlx.models.assistant import (
+    AssistantConfig,
+    AssistantHead,
+    causal_key_mask,
+    key_mask,
+    load_assistant,
+    save_assistant,
+)
+
+ATOL = 1e-4
+N = 24  # teacher-forced window
+
+
+@pytest.fixture(scope="module")
+def setup(lm):
+    mx.random.seed(3)
+    cfg = AssistantConfig.for_target(lm.config, intermediate_size=128)
+    head = AssistantHead(cfg)
+    mx.eval(head.parameters())
+    rng = np.random.default_rng(0)
+    x = mx.array(rng.integers(1, lm.target.vocab_size, size=(1, N + 1)).astype(np.int32))
+    return lm.target, head, x
+
+
+def prefix(target, kv_layer, tokens):
+    """Target cache over `tokens` [1, n]: (hidden [1, n, D], keys, values [1, Hkv, n, Dh])."""
+    cache = make_prompt_cache(target.model)
+    hid = target.backbone(tokens, cache=cache)
+    c = cache[kv_layer]  # its storage is longer than the prefix: keep the valid part
+    return hid, c.keys[:, :, : c.offset], c.values[:, :, : c.offset]
+
+
+def teacher_forced(target, head, x):
+    """Training-time forward: depth 1 (predicts i+2) and chained depth 2 (predicts i+3)."""
+    hid, keys, values = prefix(target, head.config.kv_layer, x[:, :N])
+    emb, norm = target.embed_tokens, target.final_norm
+    g1 = head(emb(x[:, 1:N]), hid[:, :-1], keys, values, mx.array([1]), causal_key_mask(N - 1, N), norm)
+    g2 = head(emb(x[:, 2:N]), g1[:, :-1], keys, values, mx.array([2]), causal_key_mask(N - 2, N), norm)
+    return g1, g2
+
+
+def test_inference_step_matches_teacher_forced(setup):
+    target, head, x = setup
+    g1, g2 = teacher_forced(target, head, x)
+    emb, norm = target.embed_tokens, target.final_norm
+    for t in (0, 5, N - 3):
+        hid, keys, values = prefix(target, head.config.kv_layer, x[:, : t + 1])  # cache holds 0..t
+        mask = key_mask([t + 1], keys.shape[2])
+        d1 = head(emb(x[:, t + 1 : t + 2]), hid[:, -1:], keys, values, mx.array([t + 1]), mask, norm)
+        d2 = head(emb(x[:, t + 2 : t + 3]), d1, keys, values, mx.array([t + 2]), mask, norm)
+        assert mx.allclose(d1[:, 0], g1[:, t], atol=ATOL).item()  # sync: test assertion
+        assert mx.allclose(d2[:, 0], g2[:, t], atol=ATOL).item()  # sync: test assertion
+
+
+def test_ragged_batch_equals_rows_alone(setup):
+    target, head, x = setup
+    kv, emb, norm = head.config.kv_layer, target.embed_tokens, target.final_norm
+    lengths = [7, 19]
+    rows, caches = [], []
+    for n in lengths:
+        cache = make_prompt_cache(target.model)
+        hid = target.backbone(x[:, :n], cache=cache)
+        rows.append((hid[:, -1:], x[:, n : n + 1], cache[kv].keys[:, :, :n], cache[kv].values[:, :, :n]))
+        caches.append(cache[kv])
+    batch = RaggedKVCache.lift(caches)  # left-aligned rows, padded past each length
+    T = batch.keys.shape[2]
+    hidden = mx.concatenate([r[0] for r in rows])
+    embeds = emb(mx.concatenate([r[1] for r in rows]))
+    q_offset = mx.array(lengths, dtype=mx.int32)
+    out = head(embeds, hidden, batch.keys, batch.values, q_offset, key_mask(lengths, T), norm)
+    for b, (h, tok, k, v) in enumerate(rows):
+        alone = head(emb(tok), h, k, v, q_offset[b : b + 1], key_mask([lengths[b]], k.shape[2]), norm)
+        assert mx.allclose(out[b : b + 1], alone, atol=ATOL).item()  # sync: test assertion
+
+
+def test_key_mask_shapes():
+    m = key_mask(np.array([1, 3]), T=4, L=2)
+    assert m.shape == (2, 1, 2, 4)
+    assert m.tolist()[1][0][1] == [True, True, True, False]  # sync: test assertion
+    assert causal_key_mask(2, 3).tolist() == [[[[True, False, False], [True, True, False]]]]  # sync: test assertion
+
+
+def test_load_assistant_round_trip(setup, tmp_path):
+    target, head, x = setup
+    assert load_assistant(tmp_path) is None
+    save_assistant(head, tmp_path)
+    loaded = load_assistant(tmp_path)
+    assert loaded.config == head.config
+    hid, keys, values = prefix(target, head.config.kv_layer, x[:, :9])
+    args = (target.embed_tokens(x[:, 9:10]), hid[:, -1:], keys, values, mx.array([9]), key_mask([9], 9))
+    a = head(*args, target.final_norm)
+    b = loaded(*args, target.final_norm)
+    assert mx.array_equal(a, b).item()  # sync: test assertion
+
+
+def test_shipped_drafters_load(lm):
+    """The embedded model ships both extra drafters, fitted to its geometry and tokenizer."""
+    import mlx_lm
+
+    from gmlx.models.loading import default_model_path
+
+    path = default_model_path()
+    head = load_assistant(path)
+    assert head is not None
+    assert head.config.kv_layer == lm.target.num_layers - 1
+    assert head.config.hidden_size == lm.target.hidden_size
+    draft, tokenizer = mlx_lm.load(str(path / "draft"))
+    assert draft.args.vocab_size == lm.target.vocab_size
+    text = "def f(x):\n    return x + 1\n"
+    assert tokenizer.encode(text) == lm.tokenizer.encode(text)
