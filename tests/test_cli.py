@@ -69,13 +69,13 @@ def assert_one_line_error(r: Outcome, *needles: str, code: int = 1) -> None:
 
 @pytest.fixture(scope="module")
 def headless_dir(lm, tmp_path_factory) -> Path:
-    """The test model without its MTP head: everything but the mtp_* files.
+    """The test model without a drafter: everything but the mtp_* and assistant_* files.
 
     Hard links (or copies), not symlinks: the training run may swap the default model's
     directory while the tests run, and a hard link keeps the file this session started with."""
     d = tmp_path_factory.mktemp("headless")
     for f in lm.path.iterdir():
-        if f.is_file() and not f.name.startswith("mtp_"):
+        if f.is_file() and not f.name.startswith(("mtp_", "assistant_")):
             try:
                 os.link(f, d / f.name)
             except OSError:

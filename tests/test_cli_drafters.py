@@ -47,3 +47,23 @@ def test_doctor_shows_the_drafter_and_its_cap_source(draft_dir):
     assert r.code == 0, r.stderr
     assert f"draft ({draft_dir})" in r.stdout
     assert "2 (family default: draft model drafter)" in r.stdout
+
+
+@pytest.fixture(scope="module")
+def assistant_only_dir(lm, tmp_path_factory):
+    """The embedded model with its assistant head but no MTP head."""
+    import shutil
+
+    d = tmp_path_factory.mktemp("assistant_only")
+    for f in lm.path.iterdir():
+        if f.is_file() and not f.name.startswith("mtp_"):
+            shutil.copy2(f, d / f.name)
+    return d
+
+
+def test_a_model_with_only_an_assistant_head_drafts_with_it(assistant_only_dir):
+    spec = gen("--model", str(assistant_only_dir))
+    plain = gen("--model", str(assistant_only_dir), "--no-speculative")
+    assert spec["speculative"] and spec["num_drafted"] > 0 and spec["tokens"] == plain["tokens"]
+    r = run("doctor", "--model", str(assistant_only_dir))
+    assert r.code == 0 and "drafter:               assistant" in r.stdout, r.stdout
