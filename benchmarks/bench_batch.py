@@ -12,7 +12,6 @@ import argparse
 import json
 import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
@@ -25,22 +24,11 @@ from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import load
 
+from common import run_burst, write_result
+
 
 def run_engine(lm, prompts, max_tokens, *, speculative, cap, switches=Switches()):
-    eng = Engine(lm, EngineConfig(speculative=speculative, width_cap=cap), switches=switches)
-    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
-    t0 = time.perf_counter()
-    streams = [eng.submit(p, params, start=False) for p in prompts]
-    while eng.has_work:
-        eng.step()
-    dt = time.perf_counter() - t0
-    recs = [s.wait(5) for s in streams]
-    eng.close()
-    toks = sum(len(r.tokens) for r in recs)
-    drafted = sum(r.stats["num_drafted"] for r in recs)
-    accepted = sum(r.stats["num_accepted"] for r in recs)
-    return {"tok_s": toks / dt, "tokens": toks, "acc": accepted / drafted if drafted else None,
-            "transitions": dict(eng.counters.transitions)}
+    return run_burst(lm, prompts, max_tokens, EngineConfig(speculative=speculative, width_cap=cap), switches)
 
 
 def run_mlx_lm(lm, prompts, max_tokens):
@@ -129,9 +117,7 @@ def main() -> None:
               "cells": cells, "join_late": {"waiter_ttft_p50_s": ttft,
                                              "ttft_ratio_off_over_on": ttft["preempt_off"] / ttft["preempt_on"],
                                              "runs": jl}}
-    a.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (a.out / f"{stamp}_batch.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_result(a.out, "batch", result)
     print(json.dumps({w: {k: c[k] for k in ("median_tok_s", "ratios")} for w, c in cells.items()}, indent=2))
     print(json.dumps(result["join_late"]["waiter_ttft_p50_s"]), result["join_late"]["ttft_ratio_off_over_on"])
     mx.clear_cache()

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
@@ -30,6 +28,9 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import default_model_path, load
+
+from common import command_line, interleave, summarize, write_result
+from common import ratio as common_ratio
 
 
 def run_gmlx(engine: Engine, prompt: list[int], params: SamplingParams):
@@ -78,42 +79,22 @@ def main() -> None:
         arms[f"mlx_lm_draft_{name}"] = (lambda pp: lambda p: run_mlx_lm(lm, draft, p, pp, a.k))(params)
         arms[f"gmlx_plain_{name}"] = (lambda pp: lambda p: run_gmlx(plain, p, pp))(params)
         arms[f"mlx_lm_plain_{name}"] = (lambda pp: lambda p: run_mlx_lm(lm, draft, p, pp, None))(params)
-    for p in prompts[:2]:  # warm-up: compile kernels, fill allocator caches
-        for fn in arms.values():
-            fn(p)
-    per_rep: dict[str, list[dict]] = {name: [] for name in arms}
-    for rep in range(a.repeats):
-        order = list(arms) if rep % 2 == 0 else list(reversed(arms))  # interleave, alternate order
-        for name in order:
-            toks, secs, drafted, accepted = 0, 0.0, 0, 0
-            for p in prompts:
-                n, dt, d, acc = arms[name](p)
-                toks, secs, drafted, accepted = toks + n, secs + dt, drafted + d, accepted + acc
-            per_rep[name].append({"tok_s": toks / secs, "drafted": drafted, "accepted": accepted})
-            print(f"rep {rep} {name:22s} {toks / secs:8.1f} tok/s  acc {accepted / drafted if drafted else 0:.3f}",
-                  flush=True)
-    summary = {}
-    for name, reps in per_rep.items():
-        d = sum(r["drafted"] for r in reps)
-        summary[name] = {"tok_s_median": statistics.median(r["tok_s"] for r in reps),
-                         "draft_acceptance_rate": (sum(r["accepted"] for r in reps) / d) if d else None}
+    per_rep = interleave(arms, prompts, a.repeats)
+    summary = summarize(per_rep)
 
     def ratio(x, y):
-        return statistics.median(rx["tok_s"] / ry["tok_s"] for rx, ry in zip(per_rep[x], per_rep[y]))
+        return common_ratio(per_rep, x, y)
 
     ratios = {}
     for t in ("greedy", "t0.8"):
         ratios[f"gmlx_draft_{t}/mlx_lm_draft_{t}"] = ratio(f"gmlx_draft_{t}", f"mlx_lm_draft_{t}")
         ratios[f"gmlx_draft_{t}/gmlx_plain_{t}"] = ratio(f"gmlx_draft_{t}", f"gmlx_plain_{t}")
         ratios[f"mlx_lm_draft_{t}/mlx_lm_plain_{t}"] = ratio(f"mlx_lm_draft_{t}", f"mlx_lm_plain_{t}")
-    result = {"benchmark": "draft-model", "command": "python benchmarks/bench_draft.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "out"),
+    result = {"benchmark": "draft-model", "command": command_line("bench_draft.py", a),
         "machine": describe(), "model": str(lm.path), "draft_model": str(draft.path), "k": a.k,
         "prompts": a.prompts, "max_tokens": a.max_tokens, "repeats": a.repeats,
         "summary": summary, "ratios_median_of_repeats": ratios, "per_repeat": per_rep}
-    a.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (a.out / f"{stamp}_draft.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(a.out, "draft", result)
     print(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
     spec.close()
     plain.close()

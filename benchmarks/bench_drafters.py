@@ -13,17 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
-from gmlx import Engine, EngineConfig, SamplingParams
-from gmlx.config import Switches
+from gmlx import EngineConfig
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import default_model_path, load
+
+from common import command_line, run_burst, write_result
 
 KINDS = {"plain": None, "mtp": "mtp", "draft": "draft", "assistant": "assistant"}
 
@@ -31,19 +30,7 @@ KINDS = {"plain": None, "mtp": "mtp", "draft": "draft", "assistant": "assistant"
 def run_cell(lm, draft, kind: str, prompts, max_tokens: int, k: int | None) -> dict:
     config = EngineConfig(speculative=kind != "plain", drafter=KINDS[kind], width_cap=0, num_draft_tokens=k,
                           prompt_cache_bytes=0)
-    eng = Engine(lm, config, switches=Switches(), draft_model=draft if kind == "draft" else None)
-    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
-    t0 = time.perf_counter()
-    streams = [eng.submit(p, params, start=False) for p in prompts]
-    while eng.has_work:
-        eng.step()
-    dt = time.perf_counter() - t0
-    recs = [s.wait(5) for s in streams]
-    eng.close()
-    toks = sum(len(r.tokens) for r in recs)
-    drafted = sum(r.stats["num_drafted"] for r in recs)
-    accepted = sum(r.stats["num_accepted"] for r in recs)
-    return {"tok_s": toks / dt, "acc": accepted / drafted if drafted else None}
+    return run_burst(lm, prompts, max_tokens, config, draft_model=draft if kind == "draft" else None)
 
 
 def main() -> None:
@@ -79,13 +66,10 @@ def main() -> None:
             "tok_s_median": statistics.median(r["tok_s"] for r in reps),
             "acceptance_median": statistics.median(accs) if accs else None,
             "speedup_vs_plain": statistics.median(r["tok_s"] / p["tok_s"] for r, p in zip(reps, plain))}
-    result = {"benchmark": "drafters", "command": "python benchmarks/bench_drafters.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "out" and v is not None),
+    result = {"benchmark": "drafters", "command": command_line("bench_drafters.py", a),
         "machine": describe(), "model": str(lm.path), "draft_model": str(draft.path), "k": a.k or lm.default_k,
         "max_tokens": a.max_tokens, "repeats": a.repeats, "summary": summary, "per_repeat": per_rep}
-    a.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (a.out / f"{stamp}_drafters.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(a.out, "drafters", result)
     print(json.dumps(summary, indent=2))
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
@@ -28,6 +26,9 @@ from gmlx.spec.drafters.select import select_drafter
 from gmlx.spec.speculative import PlainDecoder, ScalarLoop
 from gmlx.testing import make_row
 
+from common import command_line, interleave, summarize, write_result
+from common import ratio as common_ratio
+
 
 def run_gmlx(lm, prompt, params, k, coupled=True, adaptive=False):
     """One request through the scalar loop (k > 0) or plain decode (k == 0); decode rate and stats."""
@@ -40,7 +41,8 @@ def run_gmlx(lm, prompt, params, k, coupled=True, adaptive=False):
         res = plain.round() if plain else loop.round(seq)
         row.stats.record_round(res.drafted, res.accepted)
         row.emit(res.tokens, time.perf_counter())
-    return row.stats.num_generated - 1, row.stats.t_end - row.stats.t_first_token, row.stats
+    s = row.stats
+    return s.num_generated - 1, s.t_end - s.t_first_token, s.num_drafted, s.num_accepted
 
 
 def run_mlx_lm(lm, prompt, params):
@@ -51,7 +53,7 @@ def run_mlx_lm(lm, prompt, params):
         t_end = time.perf_counter()
         if t_first is None:
             t_first = t_end
-    return n - 1, t_end - t_first, None
+    return n - 1, t_end - t_first, 0, 0
 
 
 def main() -> None:
@@ -76,32 +78,11 @@ def main() -> None:
             "spec_t0.8_adaptive": lambda p: run_gmlx(lm, p, hot, lm.default_k, adaptive=True)}
     for k in ks:
         arms[f"spec_greedy_k{k}"] = (lambda kk: lambda p: run_gmlx(lm, p, greedy, kk))(k)
-    for p in prompts[:2]:  # warm-up: compile kernels, fill allocator
-        for fn in arms.values():
-            fn(p)
-    per_rep: dict[str, list[dict]] = {name: [] for name in arms}
-    for rep in range(a.repeats):
-        order = list(arms) if rep % 2 == 0 else list(reversed(arms))  # interleave, alternate order
-        for name in order:
-            toks, secs, drafted, accepted = 0, 0.0, 0, 0
-            for p in prompts:
-                n, dt, stats = arms[name](p)
-                toks += n
-                secs += dt
-                if stats is not None:
-                    drafted += stats.num_drafted
-                    accepted += stats.num_accepted
-            per_rep[name].append({"tok_s": toks / secs, "drafted": drafted, "accepted": accepted})
-            print(f"rep {rep} {name:26s} {toks / secs:8.1f} tok/s  acc {accepted / drafted if drafted else 0:.3f}",
-                  flush=True)
-    summary = {}
-    for name, reps in per_rep.items():
-        d = sum(r["drafted"] for r in reps)
-        summary[name] = {"tok_s_median": statistics.median(r["tok_s"] for r in reps),
-                         "draft_acceptance_rate": (sum(r["accepted"] for r in reps) / d) if d else None}
+    per_rep = interleave(arms, prompts, a.repeats)
+    summary = summarize(per_rep)
 
     def ratio(x, y):
-        return statistics.median(rx["tok_s"] / ry["tok_s"] for rx, ry in zip(per_rep[x], per_rep[y]))
+        return common_ratio(per_rep, x, y)
 
     ratios = {f"spec_greedy_k{k}/plain_greedy": ratio(f"spec_greedy_k{k}", "plain_greedy") for k in ks}
     ratios["spec_t0.8_coupled/plain_t0.8"] = ratio("spec_t0.8_coupled", "plain_t0.8")
@@ -109,14 +90,11 @@ def main() -> None:
     ratios["plain_greedy/mlx_lm_greedy"] = ratio("plain_greedy", "mlx_lm_greedy")
     ratios["spec_greedy_adaptive/plain_greedy"] = ratio("spec_greedy_adaptive", "plain_greedy")
     ratios["spec_t0.8_adaptive/plain_t0.8"] = ratio("spec_t0.8_adaptive", "plain_t0.8")
-    result = {"benchmark": "scalar", "command": "python benchmarks/bench_scalar.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if k != "out"),
+    result = {"benchmark": "scalar", "command": command_line("bench_scalar.py", a),
         "machine": describe(), "model": str(lm.path), "default_k": lm.default_k,
         "prompts": a.prompts, "max_tokens": a.max_tokens, "repeats": a.repeats,
         "summary": summary, "ratios_median_of_repeats": ratios, "per_repeat": per_rep}
-    a.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (a.out / f"{stamp}_scalar.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(a.out, "scalar", result)
     print(json.dumps({"summary": summary, "ratios": ratios}, indent=2))
     mx.clear_cache()
 

@@ -21,3 +21,13 @@ def prompts(lm):
     from gmlx.data import load_prompts
 
     return [lm.tokenizer.encode(p) for p in load_prompts()]
+
+
+@pytest.fixture(scope="session")
+def lm_without_eos(lm):
+    """The model without end-of-sequence ids: budgets (and cancels) alone end the requests, so an
+    engine test's schedule keeps its shape (who is still running when the waiters arrive) whatever
+    the embedded model, which is retrained from time to time, happens to emit."""
+    from engine_helpers import with_eos
+
+    return with_eos(lm, ())

@@ -10,7 +10,7 @@ import threading
 import mlx.core as mx
 import pytest
 
-from engine_helpers import drive, engine, solo, with_eos
+from engine_helpers import drive, engine, solo
 from gmlx import Engine, GmlxError, SamplingParams
 from gmlx.errors import EngineBusy, EngineClosed, InvalidRequest, Overloaded
 from gmlx.metrics import EventKind
@@ -21,15 +21,8 @@ MEMORY_SLACK = 64 << 10
 
 
 @pytest.fixture(scope="module")
-def lm(lm):
-    return with_eos(lm, ())
-
-
-@pytest.fixture(scope="module")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(lm_without_eos):
+    return lm_without_eos
 
 
 def P(n, seed=0, t=0.0):

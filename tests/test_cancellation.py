@@ -15,7 +15,7 @@ from typing import Callable
 import mlx.core as mx
 import pytest
 
-from engine_helpers import check_solo, drive, engine, solo, with_eos
+from engine_helpers import check_solo, drive, engine, solo
 from gmlx import SamplingParams
 from gmlx.kv import cache_nbytes
 from gmlx.metrics import EventKind
@@ -26,16 +26,8 @@ MEMORY_SLACK = 64 << 10  # bytes; one leaked row of this model's KV is ~1.4 MB a
 
 
 @pytest.fixture(scope="module")
-def lm(lm):
-    """Without EOS ids: budgets alone end requests, whatever the retrainable model emits."""
-    return with_eos(lm, ())
-
-
-@pytest.fixture(scope="module")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(lm_without_eos):
+    return lm_without_eos
 
 
 def P(n, seed=0, t=0.0):

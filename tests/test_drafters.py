@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from drafter_fixtures import draft_lm, random_assistant
-from engine_helpers import check_solo, drive, with_eos
+from engine_helpers import check_solo, drive
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.spec.drafters.select import select_drafter
@@ -15,15 +15,8 @@ KINDS = ["draft-self", "draft-random", "draft-shipped", "assistant-random", "ass
 
 
 @pytest.fixture(scope="module")
-def lm(lm):
-    return with_eos(lm, ())
-
-
-@pytest.fixture(scope="module")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(lm_without_eos):
+    return lm_without_eos
 
 
 @pytest.fixture(scope="module")

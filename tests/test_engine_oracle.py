@@ -16,18 +16,8 @@ from gmlx.config import Switches
 from gmlx.testing import compare_streams, run_scalar, visible_window
 
 @pytest.fixture(scope="module")
-def lm(lm):
-    """The default model without end-of-sequence ids: budgets end the requests, so each schedule
-    keeps its shape (who is still running when the waiters arrive) whatever the embedded model,
-    which is retrained from time to time, emits. EOS has its own test below."""
-    return with_eos(lm, ())
-
-
-@pytest.fixture(scope="module")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(lm_without_eos):
+    return lm_without_eos
 
 
 # label: (arrival step, prompt index, max_tokens)

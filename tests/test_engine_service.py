@@ -2,7 +2,7 @@
 no token; a preempted request is never offered back) and per-request fault isolation."""
 
 import pytest
-from engine_helpers import drive, with_eos
+from engine_helpers import drive
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
@@ -10,16 +10,8 @@ from gmlx.testing import run_scalar
 
 
 @pytest.fixture(scope="module")
-def lm(lm):
-    """Without EOS ids: budgets alone end requests, whatever the retrainable model emits."""
-    return with_eos(lm, ())
-
-
-@pytest.fixture(scope="module")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(lm_without_eos):
+    return lm_without_eos
 
 
 def P(n, seed=0):

@@ -7,24 +7,15 @@ plain references, so a structural pass never hides a content failure.
 
 import pytest
 
-from engine_helpers import check_solo, drive, engine, solo, with_eos
+from engine_helpers import check_solo, drive, engine, solo
 from gmlx import SamplingParams
 from gmlx.metrics import EventKind
 from gmlx.spec.admission import Mode
 
 
 @pytest.fixture(scope="module")
-def lm(lm):
-    """The default model without end-of-sequence ids: budgets alone end the requests, so the
-    schedules below do not depend on what the (retrainable) embedded model happens to emit."""
-    return with_eos(lm, ())
-
-
-@pytest.fixture(scope="module")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(lm_without_eos):
+    return lm_without_eos
 
 
 def P(n, seed=0, t=0.0):

@@ -13,25 +13,17 @@ import threading
 
 import pytest
 
-from engine_helpers import check_solo, drive, engine, solo, with_eos
+from engine_helpers import check_solo, drive, engine, solo
 from gmlx import SamplingParams
 from gmlx.metrics import EventKind
-from gmlx.sampling import sample
 from gmlx.testing import poisoned
 
 WAIT = 60  # seconds; a bound, never a timing assertion
 
 
 @pytest.fixture(scope="module")
-def lm(lm):
-    return with_eos(lm, ())
-
-
-@pytest.fixture(scope="module")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(lm_without_eos):
+    return lm_without_eos
 
 
 def P(n, seed=0, t=0.0, **kw):

@@ -1,0 +1,82 @@
+"""What the benchmark scripts share: interleaved repeats over arms, medians and per-repeat ratios,
+and one burst of requests through an engine."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.config import Switches
+
+
+def interleave(arms: dict, prompts: list, repeats: int) -> dict[str, list[dict]]:
+    """Each arm over all prompts once per repeat, the order alternating between repeats (the
+    machine's drift hits every arm alike); `arm(prompt) -> (tokens, seconds, drafted, accepted)`.
+    Two prompts warm every arm up first (kernels, allocator caches)."""
+    for p in prompts[:2]:
+        for fn in arms.values():
+            fn(p)
+    per_rep: dict[str, list[dict]] = {name: [] for name in arms}
+    for rep in range(repeats):
+        order = list(arms) if rep % 2 == 0 else list(reversed(arms))
+        for name in order:
+            toks, secs, drafted, accepted = 0, 0.0, 0, 0
+            for p in prompts:
+                n, dt, d, acc = arms[name](p)
+                toks, secs, drafted, accepted = toks + n, secs + dt, drafted + d, accepted + acc
+            per_rep[name].append({"tok_s": toks / secs, "drafted": drafted, "accepted": accepted})
+            print(f"rep {rep} {name:26s} {toks / secs:8.1f} tok/s  acc {accepted / drafted if drafted else 0:.3f}",
+                  flush=True)
+    return per_rep
+
+
+def summarize(per_rep: dict[str, list[dict]]) -> dict:
+    out = {}
+    for name, reps in per_rep.items():
+        d = sum(r["drafted"] for r in reps)
+        out[name] = {"tok_s_median": statistics.median(r["tok_s"] for r in reps),
+                     "draft_acceptance_rate": (sum(r["accepted"] for r in reps) / d) if d else None}
+    return out
+
+
+def ratio(per_rep: dict[str, list[dict]], x: str, y: str) -> float:
+    """Median over repeats of x's rate / y's rate in the same repeat."""
+    return statistics.median(rx["tok_s"] / ry["tok_s"] for rx, ry in zip(per_rep[x], per_rep[y]))
+
+
+def run_burst(lm, prompts, max_tokens: int, config: EngineConfig, switches: Switches = Switches(),
+              **engine_kwargs) -> dict:
+    """Submit every prompt at once (fixed length, EOS ignored) and step the engine to the end:
+    aggregate tokens/s including prefill, acceptance, transitions."""
+    eng = Engine(lm, config, switches=switches, **engine_kwargs)
+    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
+    t0 = time.perf_counter()
+    streams = [eng.submit(p, params, start=False) for p in prompts]
+    while eng.has_work:
+        eng.step()
+    dt = time.perf_counter() - t0
+    recs = [s.wait(5) for s in streams]
+    eng.close()
+    toks = sum(len(r.tokens) for r in recs)
+    drafted = sum(r.stats["num_drafted"] for r in recs)
+    accepted = sum(r.stats["num_accepted"] for r in recs)
+    return {"tok_s": toks / dt, "tokens": toks, "acc": accepted / drafted if drafted else None,
+            "transitions": dict(eng.counters.transitions)}
+
+
+def command_line(script: str, args) -> str:
+    """The command that reproduces a run (every option but --out)."""
+    return f"python benchmarks/{script} " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v is not None)
+
+
+def write_result(out: Path, name: str, result: dict) -> Path:
+    """bench_results/<UTC stamp>_<name>.json"""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}_{name}.json"
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
