@@ -38,15 +38,12 @@ entry, refuses to overwrite a file it cannot parse, and does not keep comments.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import functools
 import os
 import platform
 import re
-import tempfile
 import tomllib
 from collections.abc import Mapping
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +51,7 @@ from typing import Any, Literal
 from gmlx import blas
 from gmlx import machine as _machine
 from gmlx.errors import ConfigError
+from gmlx.toml_write import atomic_write, dumps_toml, toml_key
 
 DEFAULT_MODEL_KEY = "gmlx-default"
 OFF = "off"
@@ -199,7 +197,7 @@ def load_config(path: str | Path | None = None) -> dict:
 
 
 def _header(*keys: str) -> str:
-    return "[" + ".".join(_key(k) for k in keys) + "]"
+    return "[" + ".".join(toml_key(k) for k in keys) + "]"
 
 
 def read_user_entry(model: str, *, machine: str | None = None, path: str | Path | None = None) -> UserEntry | None:
@@ -281,81 +279,6 @@ def write_cap(model: str, cap: Cap, *, k_by_width: Mapping[int, int] | None = No
         raise ConfigError(f"gmlx config {p}: `models` and {_header('models', model)} must be tables;"
                           " fix or remove them")
     data["models"] = {**models, model: {**models.get(model, {}), mach: entry}}
-    _atomic_write(p, dumps_toml(data))
+    atomic_write(p, dumps_toml(data))
     _cache.pop(p, None)
     return p
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    target = path.resolve()  # write through a symlink (dotfile managers), do not replace it
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)  # atomic on POSIX: readers see the old or the new file
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError as e:
-        raise ConfigError(f"cannot write gmlx config {path}: {e}") from None
-
-
-# A minimal TOML writer: what tomllib can return (tables, arrays, strings, ints, floats,
-# bools, dates) is written so that tomllib reads back the same data.
-_INLINE_KEYS = frozenset({"num_draft_tokens_by_width"})
-_BARE = re.compile(r"[A-Za-z0-9_-]+\Z")
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
-def _string(s: str) -> str:
-    out = (_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in s)
-    return '"' + "".join(out) + '"'
-
-
-def _key(k: str) -> str:
-    return k if _BARE.match(k) else _string(k)
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
-    if isinstance(v, str):
-        return _string(v)
-    if isinstance(v, (dt.date, dt.time)):  # datetime is a date
-        return v.isoformat()
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{" + ", ".join(f"{_key(str(k))} = {_value(x)}" for k, x in v.items()) + "}"
-    raise ConfigError(f"cannot write {v!r} ({type(v).__name__}) to the gmlx config")
-
-
-def dumps_toml(data: Mapping[str, Any]) -> str:
-    """Serialise nested dicts as TOML; `tomllib.loads(dumps_toml(d)) == d` for tomllib data."""
-    lines: list[str] = []
-
-    def table(t: Mapping[str, Any], path: tuple[str, ...]) -> None:
-        is_sub = {k: isinstance(v, Mapping) and k not in _INLINE_KEYS for k, v in t.items()}
-        plain = [k for k in t if not is_sub[k]]
-        # Pure containers need no header (their children's dotted headers create them); an
-        # empty table does, or it would vanish.
-        if path and (plain or not t):
-            lines.extend(([""] if lines else []) + ["[" + ".".join(_key(p) for p in path) + "]"])
-        lines.extend(f"{_key(k)} = {_value(t[k])}" for k in plain)  # before sub-tables: TOML scoping
-        for k in t:
-            if is_sub[k]:
-                table(t[k], path + (k,))
-
-    table(data, ())
-    return "\n".join(lines) + "\n" if lines else ""

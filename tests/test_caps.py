@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gmlx import caps
-from gmlx.caps import CapDecision, dumps_toml, machine_key, read_user_entry, resolve_cap, write_cap
+from gmlx.caps import CapDecision, machine_key, read_user_entry, resolve_cap, write_cap
+from gmlx.toml_write import dumps_toml
 from gmlx.errors import ConfigError
 
 M = "test-machine-2c-openblas"
