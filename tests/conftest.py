@@ -10,24 +10,30 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
-def lm():
+def loaded_lm():
+    """The test model, loaded once. Session fixtures build on this one: modules may override `lm`."""
     from gmlx.models.loading import load
 
     return load(os.environ.get("GMLX_TEST_MODEL") or None)
 
 
 @pytest.fixture(scope="session")
-def prompts(lm):
-    from gmlx.data import load_prompts
-
-    return [lm.tokenizer.encode(p) for p in load_prompts()]
+def lm(loaded_lm):
+    return loaded_lm
 
 
 @pytest.fixture(scope="session")
-def lm_without_eos(lm):
+def prompts(loaded_lm):
+    from gmlx.data import load_prompts
+
+    return [loaded_lm.tokenizer.encode(p) for p in load_prompts()]
+
+
+@pytest.fixture(scope="session")
+def lm_without_eos(loaded_lm):
     """The model without end-of-sequence ids: budgets (and cancels) alone end the requests, so an
     engine test's schedule keeps its shape (who is still running when the waiters arrive) whatever
     the embedded model, which is retrained from time to time, happens to emit."""
     from engine_helpers import with_eos
 
-    return with_eos(lm, ())
+    return with_eos(loaded_lm, ())
