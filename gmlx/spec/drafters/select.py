@@ -40,7 +40,7 @@ def check_draft_compatible(lm, draft_lm) -> None:
 def _load_draft(path: str):
     from gmlx.models.loading import load
 
-    return load(path)
+    return load(path, drafter=False)  # a draft model's own heads are never used
 
 
 def load_draft_model(path: str | Path):
@@ -48,10 +48,22 @@ def load_draft_model(path: str | Path):
     return _load_draft(str(Path(path).expanduser().resolve()))
 
 
-def load_assistant_head(lm):
+def has_assistant(lm) -> bool:
+    from gmlx.models.assistant import CONFIG_FILE, WEIGHTS_FILE
+
+    return (lm.path / CONFIG_FILE).is_file() and (lm.path / WEIGHTS_FILE).is_file()
+
+
+@lru_cache(maxsize=4)
+def _load_assistant(path: str):
     from gmlx.models.assistant import load_assistant
 
-    return load_assistant(lm.path)
+    return load_assistant(path)
+
+
+def load_assistant_head(lm):
+    """The assistant head beside the model (loaded once per process), or None."""
+    return _load_assistant(str(Path(lm.path).resolve()))
 
 
 def available(lm, draft_lm=None) -> list[str]:
@@ -61,14 +73,14 @@ def available(lm, draft_lm=None) -> list[str]:
         out.append("mtp")
     if draft_lm is not None:
         out.append("draft")
-    if load_assistant_head(lm) is not None:
+    if has_assistant(lm):
         out.append("assistant")
     return out
 
 
 def can_draft(lm) -> bool:
     """Does the model ship a drafter of its own (an MTP or assistant head)?"""
-    return lm.head is not None or load_assistant_head(lm) is not None
+    return lm.head is not None or has_assistant(lm)
 
 
 def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int = 512) -> Drafter | None:
@@ -80,7 +92,7 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
             kind = "draft"
         elif lm.head is not None:
             kind = "mtp"
-        elif load_assistant_head(lm) is not None:
+        elif has_assistant(lm):
             kind = "assistant"
         else:
             return None
