@@ -147,6 +147,8 @@ class RaggedKVCache:
             raise ValueError(f"trim_rows: got {ns.shape[0]} counts for {self.batch_size} rows")
         if (ns < 0).any() or (ns > self._lengths).any():
             raise ValueError(f"trim_rows: counts {ns} outside [0, lengths={self._lengths}]")
+        if not ns.any():  # nothing to drop (every draft accepted, no padding): keep the offset array
+            return
         # Stale entries stay in storage; masks hide them and writes overwrite.
         self._set_lengths(self._lengths - ns)
 

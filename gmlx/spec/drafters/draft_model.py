@@ -78,8 +78,11 @@ class DraftModelDrafter(Drafter):
         assert k >= 1 and st.tokens is not None
         p = st.tokens.shape[1]
         logits = self.model.logits(st.tokens, st.cache)  # [B, P, V]
-        trim_rows(st.cache, p - st.lengths)  # drop the right padding's entries
-        last = take_rows_at(logits, np.maximum(st.lengths - 1, 0))  # [B, 1, V]
+        if (st.lengths == p).all():  # no padding (always so in the scalar loop): the last column
+            last = logits[:, -1:]
+        else:
+            trim_rows(st.cache, p - st.lengths)  # drop the right padding's entries
+            last = take_rows_at(logits, np.maximum(st.lengths - 1, 0))  # [B, 1, V]
         st.tokens = None
         st.lengths = np.zeros_like(st.lengths)
         drafts = [pick(last, 0)]
