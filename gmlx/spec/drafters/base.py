@@ -80,8 +80,6 @@ class Drafter(ABC):
     @abstractmethod
     def capture(self, rows: list, hidden: mx.array, targets: mx.array) -> object: ...
 
-    def nbytes(self, st: object) -> int:
-        return 0
 
 
 def pad_to(x: mx.array, p: int) -> mx.array:

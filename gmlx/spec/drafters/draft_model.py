@@ -71,8 +71,6 @@ class DraftModelDrafter(Drafter):
     def width(self, st: DraftModelRows) -> int:
         return st.cache[0].batch_size
 
-    def nbytes(self, st: DraftModelRows) -> int:
-        return sum(c.nbytes for c in st.cache)
 
     def draft(self, st: DraftModelRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
         assert k >= 1 and st.tokens is not None

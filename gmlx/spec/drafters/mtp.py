@@ -71,8 +71,6 @@ class MTPDrafter(Drafter):
     def width(self, st: MTPRows) -> int:
         return st.cache.batch_size
 
-    def nbytes(self, st: MTPRows) -> int:
-        return st.cache.nbytes
 
     def draft(self, st: MTPRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
         assert k >= 1 and st.hidden is not None
