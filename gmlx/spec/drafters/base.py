@@ -81,7 +81,6 @@ class Drafter(ABC):
     def capture(self, rows: list, hidden: mx.array, targets: mx.array) -> object: ...
 
 
-
 def pad_to(x: mx.array, p: int) -> mx.array:
     """Right-pad axis 1 to length p."""
     if x.shape[1] == p:
