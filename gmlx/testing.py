@@ -17,7 +17,7 @@ from gmlx.models.loading import LoadedModel
 from gmlx.request import Row
 from gmlx.sampling import RowSampling, filter_logprobs, gumbel_noise
 from gmlx.spec.drafters.base import DraftPick, Drafter
-from gmlx.spec.drafters.mtp import MTPDrafter, as_bound
+from gmlx.spec.drafters.mtp import MTPDrafter
 from gmlx.spec.drafters.select import select_drafter
 from gmlx.spec.speculative import PlainDecoder, ScalarLoop
 
@@ -91,7 +91,7 @@ class ScriptedDrafter(MTPDrafter):
     tokens are replaced: `script(first_position, k) -> list[int]` gives the k drafts."""
 
     def __init__(self, head, target, script):
-        super().__init__(as_bound(head, target), target.hidden_size)
+        super().__init__(head, target.hidden_size)  # a bound head (LoadedModel.head)
         self.script = script
 
     def draft(self, st, k: int, pick: DraftPick, target_cache: list) -> mx.array:

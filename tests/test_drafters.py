@@ -120,13 +120,12 @@ def test_draft_state_follows_the_batch(lm, prompts, drafts):
 def test_single_sequence_drafter_is_held_to_width_one(lm, prompts):
     """A drafter that serves one row at a time: the cap is clamped to 1 whatever is asked (with a
     notice saying so), so no batch of two or more ever drafts; the streams are unchanged."""
-    from gmlx.spec.drafters.mtp import MTPDrafter, as_bound
+    from gmlx.spec.drafters.mtp import MTPDrafter
 
     class OneRow(MTPDrafter):
         max_width = 1
 
-    eng = Engine(lm, EngineConfig(width_cap=0), switches=Switches(), drafter=OneRow(as_bound(lm.head, lm.target),
-                                                                                    lm.target.hidden_size))
+    eng = Engine(lm, EngineConfig(width_cap=0), switches=Switches(), drafter=OneRow(lm.head, lm.target.hidden_size))
     assert eng.cap() == 1 and any("lowered to 1" in n for n in eng.notices), eng.notices
     arrivals = {0: [(0, prompts[9], P(0, 30, "greedy"))], 3: [(1, prompts[10], P(1, 10, "mixed"))]}
     run = drive(eng, arrivals)

@@ -31,6 +31,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from mlx_lm.models.rope_utils import initialize_rope
 
+from gmlx.models.loading import load_beside
+
 CONFIG_FILE = "assistant_config.json"
 WEIGHTS_FILE = "assistant_head.safetensors"
 
@@ -144,12 +146,4 @@ def save_assistant(head: AssistantHead, path: str | Path) -> None:
 
 def load_assistant(path: str | Path) -> AssistantHead | None:
     """The assistant head shipped beside a model, or None when the directory has none."""
-    p = Path(path)
-    cfg_file, w_file = p / CONFIG_FILE, p / WEIGHTS_FILE
-    if not cfg_file.is_file() or not w_file.is_file():
-        return None
-    head = AssistantHead(AssistantConfig.from_dict(json.loads(cfg_file.read_text())))
-    head.load_weights(str(w_file), strict=True)
-    head.eval()
-    mx.eval(head.parameters())  # sync: materialise weights at load time
-    return head
+    return load_beside(path, CONFIG_FILE, WEIGHTS_FILE, lambda d: AssistantHead(AssistantConfig.from_dict(d)))

@@ -108,16 +108,23 @@ def check_model_dir(path: Path) -> None:
         raise ModelLoadError(f"{str(path)!r} is not an mlx-lm model directory: missing {', '.join(missing)}")
 
 
-def load_head(path: Path) -> MTPHead | None:
-    """gmlx's own head (unbound), or None when the directory has none."""
-    cfg_file, w_file = path / "mtp_config.json", path / "mtp_head.safetensors"
+def load_beside(path: str | Path, config_name: str, weights_name: str, build):
+    """A module stored beside a model as `config_name` (JSON, given to `build`) and `weights_name`
+    (safetensors, loaded strictly); None when either file is absent."""
+    p = Path(path)
+    cfg_file, w_file = p / config_name, p / weights_name
     if not cfg_file.is_file() or not w_file.is_file():
         return None
-    head = MTPHead(MTPConfig.from_dict(json.loads(cfg_file.read_text())))
-    head.load_weights(str(w_file), strict=True)
-    head.eval()
-    mx.eval(head.parameters())  # sync: materialise weights at load time
-    return head
+    module = build(json.loads(cfg_file.read_text()))
+    module.load_weights(str(w_file), strict=True)
+    module.eval()
+    mx.eval(module.parameters())  # sync: materialise weights at load time
+    return module
+
+
+def load_head(path: Path) -> MTPHead | None:
+    """gmlx's own head (unbound), or None when the directory has none."""
+    return load_beside(path, "mtp_config.json", "mtp_head.safetensors", lambda d: MTPHead(MTPConfig.from_dict(d)))
 
 
 def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel:

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
-import sys
 import sysconfig
 import time
-from functools import partial
 from pathlib import Path
 
 from gmlx import blas
@@ -32,11 +29,11 @@ blas.ensure_loaded()
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 
+from gmlx.models.training import BudgetSchedule, compiled_step  # noqa: E402
 from gmlx.models.model_card import EOS, EXCLUDE_DIRS, machine_line, model_card  # noqa: E402
 from gmlx.models.mtp import MTPConfig, MTPHead  # noqa: E402
 
@@ -265,24 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     budget_s = a.minutes * 60
     tok_per_step = a.batch * (a.seq + 2)
     # The schedule is laid over an estimated step count; re-estimated after warm-up timing.
-    est_steps = [max(200, int(budget_s * 1300 / tok_per_step))]
-
-    def lr_at(step):
-        if step < a.warmup:
-            return a.lr * (step + 1) / a.warmup
-        p = min(1.0, (step - a.warmup) / max(1, est_steps[0] - a.warmup))
-        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
-
-    opt = optim.AdamW(learning_rate=a.lr, weight_decay=0.01)
-    loss_grad = nn.value_and_grad(joint, lambda x: joint.losses(x, a.w1, a.w2))
-    state = [joint.state, opt.state]
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step_fn(x):
-        (loss, parts), grads = loss_grad(x)
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        opt.update(joint, grads)
-        return loss, parts
+    lr_at = BudgetSchedule(a.lr, a.warmup, max(200, int(budget_s * 1300 / tok_per_step)))
+    opt, step_fn, state = compiled_step(joint, lambda x: joint.losses(x, a.w1, a.w2), a.lr)
 
     rng = np.random.default_rng(a.seed)
     it = batches(train_ids, a.batch, a.seq, rng)
@@ -315,9 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         mx.eval(loss, parts, state)  # sync: one training step
         step += 1
         if step == 20:
-            rate = step / (time.time() - t_train)
-            est_steps[0] = max(a.warmup + 50, int(rate * budget_s))
-            print(f"estimated steps: {est_steps[0]}", flush=True)
+            print(f"estimated steps: {lr_at.reestimate(step, time.time() - t_train, budget_s)}", flush=True)
         if step % 25 == 0:
             parts_v = tuple(p.item() for p in parts)  # sync: progress log
             el = time.time() - t_train

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import time
-from functools import partial
 from pathlib import Path
 
 from gmlx import blas
@@ -38,7 +36,6 @@ blas.ensure_loaded()
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
-import mlx.optimizers as optim  # noqa: E402
 import mlx_lm  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten, tree_map  # noqa: E402
@@ -56,6 +53,7 @@ from gmlx.models.assistant import (  # noqa: E402
 from gmlx.models.drafter_eval import agreement, greedy_acceptance, step_costs  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
 from gmlx.models.model_card import machine_line, with_drafters_section  # noqa: E402
+from gmlx.models.training import BudgetSchedule, compiled_step  # noqa: E402
 from gmlx.models.train_default import batches, corpus_files, encode_all, read, split_files  # noqa: E402
 
 DRAFT_DIR = "draft"
@@ -88,25 +86,9 @@ def truncated_target(target, target_cfg: dict, layers: int) -> tuple[llama.Model
 
 def fit(module: nn.Module, loss_fn, data: np.ndarray, a, minutes: float, lr: float, label: str) -> dict:
     """AdamW with warm-up then cosine to 10% over the steps the wall-clock budget allows."""
-    opt = optim.AdamW(learning_rate=lr, weight_decay=0.01)
-    loss_grad = nn.value_and_grad(module, loss_fn)
-    state = [module.state, opt.state]
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step_fn(x):
-        (loss, parts), grads = loss_grad(x)
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        opt.update(module, grads)
-        return loss, parts
-
+    opt, step_fn, state = compiled_step(module, loss_fn, lr)
     tok_per_step = a.batch * (a.seq + 2)
-    est = [max(a.warmup + 50, int(minutes * 60 * 1000 / tok_per_step))]
-
-    def lr_at(step):
-        if step < a.warmup:
-            return lr * (step + 1) / a.warmup
-        p = min(1.0, (step - a.warmup) / max(1, est[0] - a.warmup))
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+    lr_at = BudgetSchedule(lr, a.warmup, max(a.warmup + 50, int(minutes * 60 * 1000 / tok_per_step)))
 
     it = batches(data, a.batch, a.seq, np.random.default_rng(a.seed))
     t0, step, parts = time.time(), 0, ()
@@ -116,7 +98,7 @@ def fit(module: nn.Module, loss_fn, data: np.ndarray, a, minutes: float, lr: flo
         mx.eval(loss, parts, state)  # sync: one training step
         step += 1
         if step == 20:
-            est[0] = max(a.warmup + 50, int(step / (time.time() - t0) * minutes * 60))
+            lr_at.reestimate(step, time.time() - t0, minutes * 60)
         if step % 25 == 0:
             vals = [p.item() for p in parts]  # sync: progress log
             el = time.time() - t0
@@ -218,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     mx.random.seed(a.seed)
     lm = load(a.out)
     target = lm.target
+    mtp = lm.head.module  # the trained MTPHead itself (lm.head is its bound view)
     target.model.freeze()
     from tokenizers import Tokenizer
 
@@ -237,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     draft, _, cfg = mlx_lm.load(str(a.out / DRAFT_DIR), return_config=True)
 
     if a.minutes_assistant > 0:
-        head = AssistantHead(AssistantConfig.for_target(lm.config, lm.head.config.intermediate_size, a.kv_layer))
-        init_from_mtp(head, lm.head)
+        head = AssistantHead(AssistantConfig.for_target(lm.config, mtp.config.intermediate_size, a.kv_layer))
+        init_from_mtp(head, mtp)
         mx.eval(head.parameters())  # sync: materialise the initial weights
         runs["assistant_init"] = agreement(target, None, head, None, val_ids, a.seq)
         print(f"assistant at init (MTP weights): {runs['assistant_init']}", flush=True)
@@ -248,10 +231,10 @@ def main(argv: list[str] | None = None) -> None:
         runs["assistant"] = {**common, "alpha": a.assistant_alpha, "w2": a.w2, "init": "mtp_head", **run}
     head = load_assistant(a.out)
 
-    metrics = agreement(target, draft, head, lm.head, val_ids, a.seq)
+    metrics = agreement(target, draft, head, mtp, val_ids, a.seq)
     prompts = [lm.tokenizer.encode(p) for p in load_prompts()[: a.prompts]]
-    metrics.update(greedy_acceptance(target, draft, head, lm.head, prompts, k=a.k))
-    costs = step_costs(target, draft, head, lm.head)
+    metrics.update(greedy_acceptance(target, draft, head, mtp, prompts, k=a.k))
+    costs = step_costs(target, draft, head, mtp)
     sizes = {"params_draft": sum(v.size for _, v in tree_flatten(draft.parameters())),
              "params_assistant": sum(v.size for _, v in tree_flatten(head.parameters()))}
     log = {"runs": runs, "sizes": sizes, "metrics": metrics, "costs": costs}

@@ -97,24 +97,3 @@ class MTPDrafter(Drafter):
     def capture(self, rows, hidden: mx.array, targets: mx.array) -> MTPRows:
         b = hidden.shape[0]
         return MTPRows(RaggedKVCache(b), hidden, targets, np.ones(b, dtype=np.int64))
-
-
-class BoundMTPHead:
-    """The embedded gmlx head under the bound-head interface: post-norm convention, the
-    target's embedding, final norm and LM head shared."""
-
-    hidden_convention = "post_norm"
-
-    def __init__(self, head, target):
-        self.head, self.target = head, target
-
-    def __call__(self, tokens: mx.array, hidden: mx.array, cache) -> mx.array:
-        return self.head(self.target.embed_tokens(tokens), hidden, self.target.final_norm, cache=cache)
-
-    def logits(self, g: mx.array) -> mx.array:
-        return self.target.lm_head(g)
-
-
-def as_bound(head, target):
-    """A head already under the bound interface passes through; the embedded MTPHead is wrapped."""
-    return head if hasattr(head, "logits") else BoundMTPHead(head, target)

@@ -108,9 +108,9 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
     if kind == "mtp":
         if lm.head is None:
             raise NoDrafterError(no_drafter_message(lm))
-        from gmlx.spec.drafters.mtp import MTPDrafter, as_bound
+        from gmlx.spec.drafters.mtp import MTPDrafter
 
-        return MTPDrafter(as_bound(lm.head, lm.target), lm.target.hidden_size)
+        return MTPDrafter(lm.head, lm.target.hidden_size)  # lm.head is bound at load
     head = load_assistant_head(lm)
     if head is None:
         raise NoDrafterError(f"{lm.name} has no assistant head (assistant_config.json + assistant_head.safetensors)")
