@@ -22,8 +22,8 @@ from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import load
 from gmlx.sampling import RowSampling
-from gmlx.spec.drafters.select import select_drafter
-from gmlx.spec.speculative import PlainDecoder, ScalarLoop
+from gmlx.drafters.select import select_drafter
+from gmlx.decode.scalar import PlainDecoder, ScalarLoop
 from gmlx.testing import make_row
 
 from common import command_line, interleave, summarize, write_result

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from gmlx.metrics import Event, EventKind
+from gmlx.engine.metrics import Event, EventKind
 from gmlx_cli.workload import Backend
 
 

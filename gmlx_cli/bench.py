@@ -21,8 +21,8 @@ from gmlx import blas
 from gmlx.config import EngineConfig, Switches
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
-from gmlx.intake import make_row
-from gmlx.spec.drafters.select import can_draft
+from gmlx.engine.intake import make_row
+from gmlx.drafters.select import can_draft
 from gmlx_cli import generate as _gen
 from gmlx_cli import ui
 from gmlx_cli.baselines import MlxBatchBackend, MlxStreamBackend

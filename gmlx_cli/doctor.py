@@ -11,7 +11,7 @@ from gmlx.config import EngineConfig, Switches
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError
 from gmlx.models.loading import default_model_path
-from gmlx.spec.drafters.select import available
+from gmlx.drafters.select import available
 from gmlx_cli import generate as _generate
 from gmlx_cli import ui
 from gmlx_cli.options import DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt

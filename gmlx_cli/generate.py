@@ -12,7 +12,7 @@ from gmlx.config import EngineConfig, SamplingParams
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.models.loading import LoadedModel, load
-from gmlx.stream import FinalRecord
+from gmlx.engine.stream import FinalRecord
 from gmlx_cli import ui
 from gmlx_cli.options import (
     SAMPLING_DEFAULTS as D,

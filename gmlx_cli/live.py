@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from gmlx.metrics import Event, EventKind
+from gmlx.engine.metrics import Event, EventKind
 
 # ROUND event modes (the round kind) -> the loop state a user knows from DESIGN §2.
 _ROUND_STATE = {"scalar": "scalar", "speculative": "batched", "capture": "batched", "plain": "gated",

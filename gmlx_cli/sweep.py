@@ -18,12 +18,13 @@ from typing import Annotated
 
 import typer
 
-from gmlx import blas, caps
+from gmlx import blas
+from gmlx.policy import caps
 from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.engine import Engine
 from gmlx.errors import InvalidRequest
-from gmlx.metrics import EventKind
-from gmlx.spec.drafters.select import can_draft
+from gmlx.engine.metrics import EventKind
+from gmlx.drafters.select import can_draft
 from gmlx_cli import generate as _gen
 from gmlx_cli import ui
 from gmlx_cli.live import LiveView, print_table

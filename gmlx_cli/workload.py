@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
-from gmlx.metrics import Event, EventKind
+from gmlx.engine.metrics import Event, EventKind
 
 ARRIVALS = ("burst", "staggered", "poisson", "join-late")
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.metrics import Event, EventKind
+from gmlx.engine.metrics import Event, EventKind
 from gmlx.testing import compare_streams, run_scalar
 
 _SOLO: dict = {}

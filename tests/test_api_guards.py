@@ -13,8 +13,8 @@ import pytest
 from engine_helpers import drive, engine, solo
 from gmlx import Engine, GmlxError, SamplingParams
 from gmlx.errors import EngineBusy, EngineClosed, InvalidRequest, Overloaded
-from gmlx.metrics import EventKind
-from gmlx.spec.admission import Mode
+from gmlx.engine.metrics import EventKind
+from gmlx.policy.admission import Mode
 
 WAIT = 60
 MEMORY_SLACK = 64 << 10

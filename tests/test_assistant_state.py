@@ -11,8 +11,8 @@ from engine_helpers import check_solo, drive, solo, with_eos
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.spec.admission import Mode
-from gmlx.spec.drafters.assistant import shared_kv
+from gmlx.policy.admission import Mode
+from gmlx.drafters.assistant import shared_kv
 
 
 def _solo_inputs(lm, seq, layer):

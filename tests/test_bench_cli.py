@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from gmlx import caps
+from gmlx.policy import caps
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
-from gmlx.metrics import Event, EventKind
+from gmlx.engine.metrics import Event, EventKind
 from gmlx.models.loading import default_model_path
 from gmlx_cli import app as app_mod
 from gmlx_cli import generate as gen_mod

@@ -18,8 +18,8 @@ import pytest
 from engine_helpers import check_solo, drive, engine, solo
 from gmlx import SamplingParams
 from gmlx.kv import cache_nbytes
-from gmlx.metrics import EventKind
-from gmlx.spec.admission import Mode
+from gmlx.engine.metrics import EventKind
+from gmlx.policy.admission import Mode
 from gmlx.testing import make_row
 
 MEMORY_SLACK = 64 << 10  # bytes; one leaked row of this model's KV is ~1.4 MB at capacity 256

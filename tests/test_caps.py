@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmlx import caps
-from gmlx.caps import CapDecision, machine_key, read_user_entry, resolve_cap, write_cap
-from gmlx.toml_write import dumps_toml
+from gmlx.policy import caps
+from gmlx.policy.caps import CapDecision, machine_key, read_user_entry, resolve_cap, write_cap
+from gmlx.policy.toml_write import dumps_toml
 from gmlx.errors import ConfigError
 
 M = "test-machine-2c-openblas"

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from gmlx import blas
 from gmlx.models.loading import default_model_path, load
-from gmlx.stream import FinalRecord
+from gmlx.engine.stream import FinalRecord
 from gmlx.testing import compare_streams
 from gmlx_cli import app as app_mod
 from gmlx_cli import generate as gen_mod

@@ -8,7 +8,7 @@ from drafter_fixtures import draft_lm, random_assistant
 from engine_helpers import check_solo, drive
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.spec.drafters.select import select_drafter
+from gmlx.drafters.select import select_drafter
 from gmlx.testing import run_scalar
 
 KINDS = ["draft-self", "draft-random", "draft-shipped", "assistant-random", "assistant"]
@@ -120,7 +120,7 @@ def test_draft_state_follows_the_batch(lm, prompts, drafts):
 def test_single_sequence_drafter_is_held_to_width_one(lm, prompts):
     """A drafter that serves one row at a time: the cap is clamped to 1 whatever is asked (with a
     notice saying so), so no batch of two or more ever drafts; the streams are unchanged."""
-    from gmlx.spec.drafters.mtp import MTPDrafter
+    from gmlx.drafters.mtp import MTPDrafter
 
     class OneRow(MTPDrafter):
         max_width = 1

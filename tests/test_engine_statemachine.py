@@ -21,9 +21,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from engine_helpers import solo, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.metrics import EventKind
-from gmlx.request import ALLOWED, RowState
-from gmlx.spec.admission import Mode
+from gmlx.engine.metrics import EventKind
+from gmlx.engine.row import ALLOWED, RowState
+from gmlx.policy.admission import Mode
 from gmlx.testing import compare_streams
 
 ENV = "GMLX_MTP_WIDTH_CAP"

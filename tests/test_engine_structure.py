@@ -9,8 +9,8 @@ import pytest
 
 from engine_helpers import check_solo, drive, engine, solo
 from gmlx import SamplingParams
-from gmlx.metrics import EventKind
-from gmlx.spec.admission import Mode
+from gmlx.engine.metrics import EventKind
+from gmlx.policy.admission import Mode
 
 
 @pytest.fixture(scope="module")

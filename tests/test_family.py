@@ -7,7 +7,7 @@ import pytest
 from mlx_lm.models import deepseek_v3, llama, mixtral, qwen3, qwen3_moe, qwen3_next
 from typer.testing import CliRunner
 
-from gmlx import caps
+from gmlx.policy import caps
 from gmlx.models.family import default_cap, is_moe, single_sequence_limit
 from native_checkpoints import DS_CONFIG, QN_CONFIG, QWEN3_CONFIG, deepseek_checkpoint, qwen3_next_checkpoint
 

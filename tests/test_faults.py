@@ -15,7 +15,7 @@ import pytest
 
 from engine_helpers import check_solo, drive, engine, solo
 from gmlx import SamplingParams
-from gmlx.metrics import EventKind
+from gmlx.engine.metrics import EventKind
 from gmlx.testing import poisoned
 
 WAIT = 60  # seconds; a bound, never a timing assertion

@@ -180,7 +180,7 @@ def test_bound_head_caches_incrementally_and_per_row(lms, name):
 
 
 # -- speculation never moves a token -----------------------------------------------------------
-# These go through gmlx.testing.run_scalar and the engine, i.e. gmlx/spec's drafting loops. Until
+# These go through gmlx.testing.run_scalar and the engine, i.e. gmlx/decode's loops. Until
 # the drafter protocol lands there, those loops call the head the old way and BoundHead serves
 # that call (BoundHead._legacy); afterwards the same tests run the bound interface.
 @pytest.mark.parametrize("name", ["ds", "q3"])

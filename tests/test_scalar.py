@@ -135,7 +135,7 @@ def test_rollback_restores_caches(lm, prompts, accept):
         return [t if j < accept else (t + 1) % lm.target.vocab_size for j, t in enumerate(good)]
 
     from gmlx.sampling import RowSampling
-    from gmlx.spec.speculative import ScalarLoop
+    from gmlx.decode.scalar import ScalarLoop
     from gmlx.testing import make_row
 
     row = make_row(lm, prompt, params, eos_ids=set())

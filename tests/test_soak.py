@@ -8,10 +8,10 @@ import pytest
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.soak import QUICK, soak
-from gmlx.soak_workload import CAP_ENV, make_schedule
-from gmlx.spec import admission
-from gmlx.spec.admission import Mode
+from gmlx.testing.soak import QUICK, soak
+from gmlx.testing.soak_workload import CAP_ENV, make_schedule
+from gmlx.policy import admission
+from gmlx.policy.admission import Mode
 
 
 def test_submit_landing_between_plan_and_apply_waits_for_its_turn(lm, prompts, monkeypatch):

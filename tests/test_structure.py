@@ -4,8 +4,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "gmlx"
-GRAPH_BUILDERS = ["sampling.py", "spec/drafters/base.py", "spec/drafters/mtp.py", "spec/drafters/draft_model.py",
-                  "spec/drafters/assistant.py", "models/adapter.py", "models/mtp.py", "models/heads.py",
+GRAPH_BUILDERS = ["sampling.py", "drafters/base.py", "drafters/mtp.py", "drafters/draft_model.py",
+                  "drafters/assistant.py", "models/adapter.py", "models/mtp.py", "models/heads.py",
                   "models/native_mtp.py", "models/assistant.py", "kv.py"]
 
 

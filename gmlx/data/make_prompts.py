@@ -1,7 +1,7 @@
 """Write gmlx/data/prompts.jsonl: code prompts cut from the default model's held-out files.
 
 Run: ``python -m gmlx.data.make_prompts``. Deterministic for a given Python version: the
-held-out files are those `gmlx.models.train_default.split_files` puts in validation; each
+held-out files are those `gmlx.training.train_default.split_files` puts in validation; each
 prompt is a `def` line with up to the next 3 lines of its body, at most 240 characters.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from gmlx.data import PROMPTS_FILE
-from gmlx.models.train_default import corpus_files, read, split_files
+from gmlx.training.train_default import corpus_files, read, split_files
 
 
 def main(count: int = 48) -> None:

@@ -1,7 +1,7 @@
 """What a model's structure implies for speculation: its default width cap, MoE, rollback.
 
 Default cap (used when no CLI flag, GMLX_MTP_WIDTH_CAP or user-config entry sets one, see
-`gmlx.caps.resolve_cap`), first rule that applies:
+`gmlx.policy.caps.resolve_cap`), first rule that applies:
 
 1. the model's config.json `speculative_width_cap`: its author measured it    "model default"
 2. a routed-expert (MoE) target: 1. A verify forward of W rows x (k+1) tokens routes each
@@ -14,7 +14,7 @@ Default cap (used when no CLI flag, GMLX_MTP_WIDTH_CAP or user-config entry sets
 5. no drafter: 0 (nothing to cap)                                           "built-in default"
 
 A drafter that can serve only one sequence gets a hard limit of 1 that no setting raises
-(`single_sequence_limit`; `gmlx.caps.resolve_cap(hard_limit=...)` applies it with a notice).
+(`single_sequence_limit`; `gmlx.policy.caps.resolve_cap(hard_limit=...)` applies it with a notice).
 
 Rollback: speculation trims the target's KV cache by the rejected drafts. mlx-lm's hybrid
 families (qwen3_next, qwen3_5: linear-attention layers with an `ArraysCache` recurrent state)

@@ -75,7 +75,7 @@ class LoadedModel:
         return set(self.tokenizer.eos_token_ids)
 
     def cap_defaults(self) -> dict:
-        """The model's part of `gmlx.caps.resolve_cap(...)`: `resolve_cap(cli_cap=, env_cap=,
+        """The model's part of `gmlx.policy.caps.resolve_cap(...)`: `resolve_cap(cli_cap=, env_cap=,
         model_key=, **lm.cap_defaults())`."""
         return {"model_default": self.default_cap, "model_default_source": self.cap_source,
                 "hard_limit": self.cap_hard_limit, "hard_limit_reason": self.cap_hard_limit_reason}

@@ -7,7 +7,7 @@ import numbers
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
 from gmlx.models.loading import LoadedModel
-from gmlx.request import Row
+from gmlx.engine.row import Row
 
 
 def tokenize(lm: LoadedModel, prompt: str | list[int]) -> list[int]:

@@ -7,7 +7,7 @@ the cache holds x_0..x_{n-2}, the bonus x_{n-1} is emitted but not cached (excep
 gated plain lookahead is in flight, which has appended x_{n-1} already).
 
 Armed round (greedy drafts, per-row acceptance and rollback):
-    drafts D [B, k]   = the drafter (gmlx.spec.drafters), greedy for every row
+    drafts D [B, k]   = the drafter (gmlx.drafters), greedy for every row
     T [B, k+1]        = sample(target([bonus_b, D_b]))      one forward of (B, k+1)
     a_b               = leading matches of D_b and T_b       (accept iff equal)
     emit T_b[:a_b+1]; trim row b of the target KV by k - a_b; the drafter rolls its own state
@@ -25,10 +25,10 @@ import numpy as np
 
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
 from gmlx.models.adapter import Target
-from gmlx.request import Row
+from gmlx.engine.row import Row
 from gmlx.sampling import RowSampling, sample
-from gmlx.spec.drafters.base import DraftPick, Drafter
-from gmlx.spec.speculative import Prefilled, RoundResult
+from gmlx.drafters.base import DraftPick, Drafter
+from gmlx.decode.scalar import Prefilled, RoundResult
 
 
 class BatchLoop:

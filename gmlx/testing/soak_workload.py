@@ -1,4 +1,4 @@
-"""The soak's workload (see `gmlx.soak`): a reproducible random schedule of requests, the
+"""The soak's workload (see `gmlx.testing.soak`): a reproducible random schedule of requests, the
 clients that submit, stream and cancel them from their own threads, and the cap flipper.
 
 The *workload* is reproducible (schedule, seeds, cap sequence come from one numpy Generator);
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gmlx import caps
+from gmlx.policy import caps
 from gmlx.config import SamplingParams
 from gmlx.engine import Engine
-from gmlx.stream import FinalRecord
+from gmlx.engine.stream import FinalRecord
 
 CAP_ENV = "GMLX_MTP_WIDTH_CAP"
 # Integers go through the env; "off" is the env unset, falling through to the run's own user

@@ -11,15 +11,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from gmlx import intake
+from gmlx.engine import intake
 from gmlx.config import SamplingParams
 from gmlx.models.loading import LoadedModel
-from gmlx.request import Row
+from gmlx.engine.row import Row
 from gmlx.sampling import RowSampling, filter_logprobs, gumbel_noise
-from gmlx.spec.drafters.base import DraftPick, Drafter
-from gmlx.spec.drafters.mtp import MTPDrafter
-from gmlx.spec.drafters.select import select_drafter
-from gmlx.spec.speculative import PlainDecoder, ScalarLoop
+from gmlx.drafters.base import DraftPick, Drafter
+from gmlx.drafters.mtp import MTPDrafter
+from gmlx.drafters.select import select_drafter
+from gmlx.decode.scalar import PlainDecoder, ScalarLoop
 
 
 def make_row(lm: LoadedModel, prompt: list[int], params: SamplingParams, eos_ids=None) -> Row:

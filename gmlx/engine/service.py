@@ -18,10 +18,10 @@ import mlx.core as mx
 
 from gmlx.config import SamplingParams
 from gmlx.errors import EngineBusy, EngineClosed, Overloaded
-from gmlx.intake import make_row
-from gmlx.request import Row, RowState, transition
-from gmlx.spec.admission import Mode
-from gmlx.stream import FinalRecord, Stream
+from gmlx.engine.intake import make_row
+from gmlx.engine.row import Row, RowState, transition
+from gmlx.policy.admission import Mode
+from gmlx.engine.stream import FinalRecord, Stream
 
 _LIVE: "weakref.WeakSet[EngineService]" = weakref.WeakSet()
 

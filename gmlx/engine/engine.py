@@ -4,7 +4,7 @@ All MLX work happens in one engine thread (or in the caller's thread when it dri
 itself, as tests do). `submit()` validates a request completely before touching any state,
 then queues it; requests join between rounds. `spec/admission.py` decides each step's
 transition and round; `_apply` and `_round` carry them out. The queue, the streams, the engine
-thread and shutdown are the service's (gmlx/service.py).
+thread and shutdown are the service's (gmlx/engine/service.py).
 """
 
 from __future__ import annotations
@@ -15,23 +15,23 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from gmlx import caps
+from gmlx.policy import caps
 from gmlx.config import EngineConfig, Switches, parse_cap_env
 from gmlx.errors import ConfigError, EngineBusy, EngineClosed
-from gmlx.metrics import Counters, Event, EventKind, notify
+from gmlx.engine.metrics import Counters, Event, EventKind, notify
 from gmlx.kv import lift_caches
 from gmlx.models.loading import LoadedModel, default_model_path, load
-from gmlx.prefill import Prefiller
+from gmlx.decode.prefill import Prefiller
 from gmlx.prompt_cache import PromptCache
-from gmlx.request import Row, RowState, transition
+from gmlx.engine.row import Row, RowState, transition
 from gmlx.sampling import RowSampling
-from gmlx.spec import admission
-from gmlx.spec.admission import Mode, Round
-from gmlx.spec.batch import BatchLoop
-from gmlx.spec.drafters.base import Drafter
-from gmlx.spec.drafters.select import choose
-from gmlx.spec.speculative import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
-from gmlx.service import EngineService
+from gmlx.policy import admission
+from gmlx.policy.admission import Mode, Round
+from gmlx.decode.batch import BatchLoop
+from gmlx.drafters.base import Drafter
+from gmlx.drafters.select import choose
+from gmlx.decode.scalar import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
+from gmlx.engine.service import EngineService
 
 
 class Engine(EngineService):
@@ -39,7 +39,7 @@ class Engine(EngineService):
                  *, switches: Switches | None = None, draft_model: LoadedModel | str | Path | None = None,
                  drafter: Drafter | None = None):
         """`draft_model`: a draft model (loaded or a local path) for the "draft" drafter kind;
-        `drafter`: any implementation of the drafter protocol (gmlx.spec.drafters.Drafter),
+        `drafter`: any implementation of the drafter protocol (gmlx.drafters.Drafter),
         used instead of the model's own."""
         self.config = (config or EngineConfig()).validated()
         self.switches = switches if switches is not None else Switches.from_env()

@@ -14,8 +14,8 @@ import mlx.core as mx
 from gmlx.kv import RaggedKVCache, extend_rows, extract_row, lift_caches, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.prompt_cache import PromptCache
-from gmlx.request import Row
-from gmlx.spec.speculative import Prefilled, prefill, prefill_row
+from gmlx.engine.row import Row
+from gmlx.decode.scalar import Prefilled, prefill, prefill_row
 
 
 class Prefiller:

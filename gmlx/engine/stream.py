@@ -6,7 +6,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from gmlx.request import Piece, Row
+from gmlx.engine.row import Piece, Row
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
-from gmlx.spec.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
+from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Soak (issue 5 item 6): many requests through one engine thread with random arrivals, lengths,
 seeds, temperatures and cancellations while the width cap is flipped live (workload in
-`gmlx.soak_workload`); afterwards every stream is checked against the same request decoded alone
+`gmlx.testing.soak_workload`); afterwards every stream is checked against the same request decoded alone
 without speculation, and MLX active memory at the end is compared with the start.
 
 The oracle: a finished stream must equal its reference (tie-aware, `gmlx.testing.compare_streams`:
@@ -24,15 +24,15 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from gmlx import caps
+from gmlx.policy import caps
 from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.data import load_prompts
 from gmlx.engine import Engine
-from gmlx.metrics import Event, EventKind
+from gmlx.engine.metrics import Event, EventKind
 from gmlx.models.loading import LoadedModel, default_model_path
-from gmlx.soak_workload import (CAP_ENV, FULL, QUICK, Outcome, Profile, make_schedule, run, set_cap,
+from gmlx.testing.soak_workload import (CAP_ENV, FULL, QUICK, Outcome, Profile, make_schedule, run, set_cap,
                                 use_private_config)
-from gmlx.spec.admission import allows
+from gmlx.policy.admission import allows
 from gmlx.testing import compare_streams, run_scalar
 
 __all__ = ["FULL", "QUICK", "Profile", "soak", "check"]

@@ -1,6 +1,6 @@
 """Drafters behind one protocol (base.Drafter): native MTP heads, draft models, KV-sharing
 assistant heads."""
 
-from gmlx.spec.drafters.base import DraftPick, Drafter
+from gmlx.drafters.base import DraftPick, Drafter
 
 __all__ = ["DraftPick", "Drafter"]

@@ -23,10 +23,10 @@ import mlx.core as mx
 import numpy as np
 
 from gmlx.models.adapter import Target
-from gmlx.request import Row
+from gmlx.engine.row import Row
 from gmlx.sampling import RowSampling, sample
-from gmlx.spec.adaptive import AcceptanceEstimate
-from gmlx.spec.drafters.base import DraftPick, Drafter
+from gmlx.policy.adaptive import AcceptanceEstimate
+from gmlx.drafters.base import DraftPick, Drafter
 
 
 @dataclass(slots=True)

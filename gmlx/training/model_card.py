@@ -18,7 +18,7 @@ def model_card(cfg: dict, mtp_cfg: MTPConfig, run: dict, metrics: dict, costs: d
         "# gmlx embedded default model",
         "",
         "A small llama-family code model with a jointly trained MTP head, made by",
-        "`python -m gmlx.models.train_default` on this repository's build machine. It exists so that",
+        "`python -m gmlx.training.train_default` on this repository's build machine. It exists so that",
         "`gmlx generate` works offline on a fresh machine and so that speculation has a real drafter",
         "to measure. It writes plausible-looking Python, not correct programs.",
         "",
@@ -107,7 +107,7 @@ def drafters_section(dc: dict, ac, log: dict) -> str:
 
     lines = [
         DRAFTERS_HEADING,
-        "Trained afterwards by `python -m gmlx.models.train_drafters` against the frozen target above, on",
+        "Trained afterwards by `python -m gmlx.training.train_drafters` against the frozen target above, on",
         "the same corpus split, encoded with the shipped tokenizer.",
         "",
         f"- Draft model (`draft/`, a complete mlx-lm directory with the target's tokenizer): llama,"

@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 from gmlx.errors import ModelLoadError, NoDrafterError
 from gmlx.models import family
 from gmlx.models.loading import LoadedModel, no_drafter_message, no_rollback_message
-from gmlx.spec.drafters.base import Drafter
+from gmlx.drafters.base import Drafter
 
 KINDS = ("mtp", "draft", "assistant")
 _PROBE = "def f(x):\n    return [x, 'é', 12345]  # the same tokenizer?\n"
@@ -99,7 +99,7 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
     if kind == "draft":
         if draft_lm is None:
             raise NoDrafterError("drafter 'draft' needs a draft model (--draft-model PATH)")
-        from gmlx.spec.drafters.draft_model import DraftModelDrafter
+        from gmlx.drafters.draft_model import DraftModelDrafter
 
         check_draft_compatible(lm, draft_lm)
         # Decode is memory-bound: a step costs about its weights' bytes, relative to the target's.
@@ -108,13 +108,13 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
     if kind == "mtp":
         if lm.head is None:
             raise NoDrafterError(no_drafter_message(lm))
-        from gmlx.spec.drafters.mtp import MTPDrafter
+        from gmlx.drafters.mtp import MTPDrafter
 
         return MTPDrafter(lm.head, lm.target.hidden_size)  # lm.head is bound at load
     head = load_assistant_head(lm)
     if head is None:
         raise NoDrafterError(f"{lm.name} has no assistant head (assistant_config.json + assistant_head.safetensors)")
-    from gmlx.spec.drafters.assistant import AssistantDrafter
+    from gmlx.drafters.assistant import AssistantDrafter
 
     return AssistantDrafter(head, lm.target)
 

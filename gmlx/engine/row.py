@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from gmlx.config import SamplingParams
-from gmlx.metrics import RequestStats
+from gmlx.engine.metrics import RequestStats
 
 
 class RowState(Enum):

@@ -1,6 +1,6 @@
 """Train the embedded default model: a small llama on the Python standard library, with an MTP head.
 
-Run: ``python -m gmlx.models.train_default --minutes 90 --out gmlx/models/default_model``
+Run: ``python -m gmlx.training.train_default --minutes 90 --out gmlx/models/default_model``
 
 Corpus: every ``.py`` file of this interpreter's standard library (``sysconfig`` stdlib path),
 excluding ``test/``, ``tests/``, ``idlelib/`` and ``site-packages``; sorted by path, so the
@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 
-from gmlx.models.training import BudgetSchedule, compiled_step  # noqa: E402
-from gmlx.models.model_card import EOS, EXCLUDE_DIRS, machine_line, model_card  # noqa: E402
+from gmlx.training.training import BudgetSchedule, compiled_step  # noqa: E402
+from gmlx.training.model_card import EOS, EXCLUDE_DIRS, machine_line, model_card  # noqa: E402
 from gmlx.models.mtp import MTPConfig, MTPHead  # noqa: E402
 
 

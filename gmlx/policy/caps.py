@@ -51,7 +51,7 @@ from typing import Any, Literal
 from gmlx import blas
 from gmlx import machine as _machine
 from gmlx.errors import ConfigError
-from gmlx.toml_write import atomic_write, dumps_toml, toml_key
+from gmlx.policy.toml_write import atomic_write, dumps_toml, toml_key
 
 DEFAULT_MODEL_KEY = "gmlx-default"
 OFF = "off"
@@ -212,7 +212,7 @@ def read_user_entry(model: str, *, machine: str | None = None, path: str | Path 
             return None
         if not isinstance(node, dict):
             name = "models" if i == 0 else _header("models", *(model, mach)[:i])
-            raise ConfigError(f"gmlx config {p}: {name} must be a table; see the example in gmlx/caps.py")
+            raise ConfigError(f"gmlx config {p}: {name} must be a table; see the example in gmlx/policy/caps.py")
     where = f"gmlx config {p}, {_header('models', model, mach)}"
     unknown = sorted(set(node) - set(_ENTRY_KEYS))
     if unknown:

@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from gmlx.models.adapter import Target
-from gmlx.spec.drafters.base import DraftPick, Drafter, take_rows_at
+from gmlx.drafters.base import DraftPick, Drafter, take_rows_at
 
 
 @dataclass(slots=True)

@@ -24,8 +24,8 @@ import numpy as np
 
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
-from gmlx.spec.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
-from gmlx.spec.speculative import prefill
+from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
+from gmlx.decode.scalar import prefill
 
 
 @dataclass(slots=True)

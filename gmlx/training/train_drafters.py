@@ -1,9 +1,9 @@
 """Train the embedded model's two extra drafters against the frozen target: a tiny draft model and a
 KV-sharing assistant head.
 
-Run: ``python -m gmlx.models.train_drafters --minutes-draft 12 --minutes-assistant 12 --out gmlx/models/default_model``
+Run: ``python -m gmlx.training.train_drafters --minutes-draft 12 --minutes-assistant 12 --out gmlx/models/default_model``
 
-Corpus and split: those of `gmlx.models.train_default` (the same files, the same held-out set),
+Corpus and split: those of `gmlx.training.train_default` (the same files, the same held-out set),
 encoded with the *shipped* tokenizer, so the drafters speak the target's vocabulary.
 
 - Draft model (``<out>/draft/``, a complete mlx-lm directory with the target's tokenizer): the
@@ -50,11 +50,11 @@ from gmlx.models.assistant import (  # noqa: E402
     load_assistant,
     save_assistant,
 )
-from gmlx.models.drafter_eval import agreement, greedy_acceptance, step_costs  # noqa: E402
+from gmlx.training.drafter_eval import agreement, greedy_acceptance, step_costs  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
-from gmlx.models.model_card import machine_line, with_drafters_section  # noqa: E402
-from gmlx.models.training import BudgetSchedule, compiled_step  # noqa: E402
-from gmlx.models.train_default import batches, corpus_files, encode_all, read, split_files  # noqa: E402
+from gmlx.training.model_card import machine_line, with_drafters_section  # noqa: E402
+from gmlx.training.training import BudgetSchedule, compiled_step  # noqa: E402
+from gmlx.training.train_default import batches, corpus_files, encode_all, read, split_files  # noqa: E402
 
 DRAFT_DIR = "draft"
 GMLX_KEYS = ("speculative_width_cap", "num_draft_tokens")  # the target's engine defaults, not a draft's
