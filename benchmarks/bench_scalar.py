@@ -21,10 +21,9 @@ from gmlx.config import SamplingParams
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import load
-from gmlx.sampling import RowSampling
 from gmlx.drafters.select import select_drafter
-from gmlx.decode.scalar import PlainDecoder, ScalarLoop
-from gmlx.testing import make_row
+from gmlx.decode.scalar import ScalarLane
+from gmlx.testing import decode_alone, make_row
 
 from common import command_line, interleave, summarize, write_result
 from common import ratio as common_ratio
@@ -34,13 +33,7 @@ def run_gmlx(lm, prompt, params, k, coupled=True, adaptive=False):
     """One request through the scalar loop (k > 0) or plain decode (k == 0); decode rate and stats."""
     row = make_row(lm, prompt, params, eos_ids=set())  # fixed-length generations: same work per arm
     drafter = select_drafter(lm, "mtp") if k else None
-    loop = ScalarLoop(lm.target, drafter, k, coupled=coupled, adaptive=adaptive)
-    seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
-    plain = PlainDecoder(lm.target, seq) if not k else None
-    while not row.is_done:
-        res = plain.round() if plain else loop.round(seq)
-        row.stats.record_round(res.drafted, res.accepted)
-        row.emit(res.tokens, time.perf_counter())
+    decode_alone(ScalarLane(lm.target, drafter, k, coupled=coupled, adaptive=adaptive), row)
     s = row.stats
     return s.num_generated - 1, s.t_end - s.t_first_token, s.num_drafted, s.num_accepted
 

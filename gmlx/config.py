@@ -1,6 +1,6 @@
 """Frozen configuration records and the environment switches, parsed once and validated.
 
-Switches (DESIGN §2): GMLX_MTP_PREEMPT, GMLX_MTP_RESUME take 1/0/true/false/on/off/yes/no;
+Switches (docs/design.md §2): GMLX_MTP_PREEMPT, GMLX_MTP_RESUME take 1/0/true/false/on/off/yes/no;
 GMLX_MTP_WIDTH_CAP takes an integer >= 0 (0 = uncapped) and is re-read every round by the
 batch loop. Anything else is a ConfigError at engine start, never a silent default.
 """

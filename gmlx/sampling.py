@@ -1,4 +1,4 @@
-"""Sampling with position-keyed noise: one stream per seed, whatever the loop (DESIGN §3).
+"""Sampling with position-keyed noise: one stream per seed, whatever the loop (docs/design.md §3).
 
 Graph builders only: nothing here syncs with the host.
 

@@ -3,7 +3,7 @@
 Arms: the engine as configured, or the PREEMPT/RESUME A/B (switches passed to a fresh Engine per
 run: never the process environment, so arms cannot leak into each other), plus baselines: the
 same engine without speculation, mlx-lm's BatchGenerator and stream_generate. Arms alternate
-(ABBA) within every cell so that drift on a shared machine hits them alike (DESIGN §8).
+(ABBA) within every cell so that drift on a shared machine hits them alike (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, ru
 
 
 def verify_runs(lm, runs) -> tuple[int, int, list[str]]:
-    """Every finished gmlx stream against a solo plain run of the same request (DESIGN §3):
+    """Every finished gmlx stream against a solo plain run of the same request (docs/design.md §3):
     (checked, near-ties, mismatch lines). Each distinct request is decoded once."""
     from gmlx.testing import compare_streams, run_scalar
 

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from gmlx.engine.metrics import Event, EventKind
 
-# ROUND event modes (the round kind) -> the loop state a user knows from DESIGN §2.
+# ROUND event modes (the round kind) -> the loop state a user knows from docs/design.md §2.
 _ROUND_STATE = {"scalar": "scalar", "speculative": "batched", "capture": "batched", "plain": "gated",
                 "plain_last": "gated"}
 _REFRESH_S = 0.1
@@ -92,7 +92,7 @@ class LiveView:
     def on_event(self, ev: Event) -> None:
         now = self.clock()
         if ev.kind is EventKind.ROUND:
-            state = _ROUND_STATE.get(ev.mode, ev.mode)
+            state = _ROUND_STATE.get(ev.round, ev.round)
             if state == "gated" and not self.speculative:
                 state = "plain"  # an engine without speculation is not "gated": it never arms
             self.mode, self.width = state.capitalize(), ev.width

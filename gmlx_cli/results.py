@@ -2,7 +2,7 @@
 
 The only module that imports pandas (and matplotlib): the engine and the other commands stay
 light. Every file records where it was measured (machine, BLAS, versions, git commit, config,
-env switches): DESIGN §8 asks that no figure travels without them. CSV cells that hold lists
+env switches): docs/design.md §8 asks that no figure travels without them. CSV cells that hold lists
 (token ids, ITL gaps) are JSON arrays, so `json.loads` reads them back.
 """
 
@@ -199,7 +199,7 @@ def sweep_frame(measurements: list[dict]) -> pd.DataFrame:
 
 def sweep_summary(df: pd.DataFrame, widths: list[int], ks: list[int]) -> list[dict]:
     """Per width: plain's median tok/s and, per K, spec's median and the median of the paired
-    spec/plain ratios (same width and repeat: side by side, DESIGN §8)."""
+    spec/plain ratios (same width and repeat: side by side, docs/design.md §8)."""
     out = []
     for w in widths:
         plain = df[(df.width == w) & (df.arm == "plain")].set_index("repeat").tokens_per_s

@@ -5,7 +5,7 @@ At each width W, W fixed-length requests (ignore_eos) are submitted together to 
 once with speculation forced on at every width (cap 0 = uncapped) for each K, once plain. Only
 steady-state rounds count: the step that forms the batch (prefill) is skipped, as is any round
 after the first row finished (the width is no longer W). Arms alternate per width and repeat;
-figures are medians, speedups medians of paired ratios (DESIGN §8).
+figures are medians, speedups medians of paired ratios (docs/design.md §8).
 """
 
 from __future__ import annotations

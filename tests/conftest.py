@@ -17,9 +17,11 @@ def loaded_lm():
     return load(os.environ.get("GMLX_TEST_MODEL") or None)
 
 
-@pytest.fixture(scope="session")
-def lm(loaded_lm):
-    return loaded_lm
+@pytest.fixture(scope="module")
+def lm(request, loaded_lm, lm_without_eos):
+    """The model a test module decodes with: the test model, or (a module that sets
+    LM_WITHOUT_EOS = True) the same model without end-of-sequence ids."""
+    return lm_without_eos if getattr(request.module, "LM_WITHOUT_EOS", False) else loaded_lm
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ the per-round events in order, and compare every stream with its solo plain refe
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -11,7 +12,21 @@ from gmlx.config import Switches
 from gmlx.engine.metrics import Event, EventKind
 from gmlx.testing import compare_streams, run_scalar
 
+import mlx.core as mx  # after gmlx: it loads OpenBLAS first
+
 _SOLO: dict = {}
+
+
+def P(n, seed=0, t=0.0, **kw) -> SamplingParams:
+    """Sampling params for engine tests: n tokens, a concrete seed, greedy or T = t with top-p 0.95."""
+    return SamplingParams(max_tokens=n, temperature=t, top_p=0.95 if t else 1.0, seed=seed, **kw)
+
+
+def active_memory() -> int:
+    """MLX's active memory after freeing what Python and MLX's cache still hold."""
+    gc.collect()
+    mx.clear_cache()
+    return mx.get_active_memory()
 
 
 def solo(lm, prompt, params: SamplingParams) -> list[int]:
@@ -81,7 +96,7 @@ class Run:
         for n, (i, e) in enumerate(self.rounds()):
             for rid, _drafted, _accepted, emitted in e.rows:
                 if emitted:
-                    out.append((n, i, rid, emitted, e.mode))
+                    out.append((n, i, rid, emitted, e.round))
         return out
 
     def rounds_of(self, label):
@@ -91,7 +106,7 @@ class Run:
         for n, (i, e) in enumerate(self.rounds()):
             for r, drafted, _accepted, emitted in e.rows:
                 if r == rid:
-                    out.append((n, i, e.mode, e.width, drafted, emitted))
+                    out.append((n, i, e.round, e.width, drafted, emitted))
         return out
 
     def first_emission(self, label) -> int:

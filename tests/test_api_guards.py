@@ -3,14 +3,12 @@ refuses with Overloaded without disturbing admitted requests, and close() ends e
 cleanly. Waits are bounded (WAIT) so a regression fails instead of hanging."""
 
 import dataclasses
-import gc
 import math
 import threading
 
-import mlx.core as mx
 import pytest
 
-from engine_helpers import drive, engine, solo
+from engine_helpers import active_memory, drive, engine, P, solo
 from gmlx import Engine, GmlxError, SamplingParams
 from gmlx.errors import EngineBusy, EngineClosed, InvalidRequest, Overloaded
 from gmlx.engine.metrics import EventKind
@@ -20,17 +18,12 @@ WAIT = 60
 MEMORY_SLACK = 64 << 10
 
 
-@pytest.fixture(scope="module")
-def lm(lm_without_eos):
-    return lm_without_eos
+LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm
 
-
-def P(n, seed=0, t=0.0):
-    return SamplingParams(max_tokens=n, temperature=t, top_p=0.95 if t else 1.0, seed=seed)
 
 
 def untouched(eng):
-    assert not eng._queue and not eng._streams and eng._thread is None and eng.mode is Mode.IDLE
+    assert not eng.service.queued_rows() and not eng.service.open_streams and eng.service.thread is None and eng.mode is Mode.IDLE
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -92,7 +85,7 @@ def test_a_full_queue_refuses_and_loses_nothing(lm, prompts):
     streams = [eng.submit(p, sp, start=False) for p, sp in reqs]
     with pytest.raises(Overloaded, match="max_queued=3"):
         eng.submit(prompts[4], P(4))
-    assert issubclass(Overloaded, GmlxError) and len(eng._queue) == 3 and eng._thread is None
+    assert issubclass(Overloaded, GmlxError) and len(eng.service.queued_rows()) == 3 and eng.service.thread is None
     while eng.has_work:
         eng.step()
     for s, (p, sp) in zip(streams, reqs):
@@ -139,11 +132,6 @@ def test_overload_with_the_engine_thread(lm, prompts):
 
 
 # ---- close -------------------------------------------------------------------------------------
-def active_memory():
-    gc.collect()
-    mx.clear_cache()
-    return mx.get_active_memory()
-
 
 def check_closed(eng, streams, reqs):
     """Every stream ended "cancelled" with a final record whose tokens were all streamed and are a
@@ -155,8 +143,8 @@ def check_closed(eng, streams, reqs):
         prompt, sp = reqs[label]  # a stream does not depend on its budget: compare with a short solo
         assert rec.tokens == solo(eng.lm, prompt, dataclasses.replace(sp, max_tokens=max(1, len(rec.tokens))))[
             : len(rec.tokens)]
-    assert eng._seq is None and eng.batch.rows == [] and eng.batch.cache == [] and not eng._queue
-    assert eng.mode is Mode.IDLE and not eng._streams
+    assert eng.scalar.seq is None and eng.batch.rows == [] and eng.batch.cache == [] and not eng.service.queued_rows()
+    assert eng.mode is Mode.IDLE and not eng.service.open_streams
     with pytest.raises(EngineClosed):
         eng.submit([5, 6, 7], P(4))
     with pytest.raises(EngineClosed):
@@ -182,7 +170,7 @@ def test_close_ends_live_and_queued_streams_and_frees_memory(lm, prompts, where)
     for _ in range(3):
         eng.step()
     expected = {"scalar+queued": (Mode.SCALAR, 2), "batched": (Mode.BATCHED, 0), "gated": (Mode.GATED, 0)}[where]
-    assert (eng.mode, len(eng._queue)) == expected
+    assert (eng.mode, len(eng.service.queued_rows())) == expected
     eng.close()
     check_closed(eng, streams, reqs)
     assert streams["a"].result.tokens  # it was mid-stream
@@ -210,7 +198,7 @@ def test_close_with_the_engine_thread_joins_it(lm, prompts):
     closer = threading.Thread(target=eng.close)
     closer.start()
     closer.join(WAIT)
-    assert not closer.is_alive() and not eng._thread.is_alive()
+    assert not closer.is_alive() and not eng.service.thread.is_alive()
     check_closed(eng, streams, reqs)
 
 
@@ -228,8 +216,8 @@ def test_close_from_a_listener_does_not_deadlock(lm, prompts):
     streams = {k: eng.submit(*r) for k, r in reqs.items()}
     for s in streams.values():
         s.wait(WAIT)
-    eng._thread.join(WAIT)
-    assert not eng._thread.is_alive()
+    eng.service.thread.join(WAIT)
+    assert not eng.service.thread.is_alive()
     check_closed(eng, streams, reqs)
 
 
@@ -245,9 +233,9 @@ def test_generate_on_the_engine_thread_is_refused(lm, prompts):
     """generate() from a listener or stop_fn would wait for the thread it blocks: refused up front
     (simulated here by calling it as the engine thread, so a regression cannot hang the suite)."""
     eng = engine(lm, 0)
-    eng._thread = threading.current_thread()
+    eng.service.thread = threading.current_thread()
     with pytest.raises(EngineBusy, match="wait on itself"):
         eng.generate(prompts[18], P(4))
-    eng._thread = None
+    eng.service.thread = None
     untouched(eng)
     eng.close()

@@ -30,7 +30,7 @@ def test_shared_kv_and_pending_inputs_at_every_draft(lm, prompts):
     real_draft = drafter.draft
 
     def checked_draft(st, k, pick, target_cache):
-        rows = [eng._seq.row] if eng.mode is Mode.SCALAR else eng.batch.rows
+        rows = [eng.scalar.seq.row] if eng.mode is Mode.SCALAR else eng.batch.rows
         keys, values, lengths = shared_kv(target_cache[drafter.layer])
         for b, row in enumerate(rows):
             seq = list(row.prompt) + list(row.tokens)

@@ -2,7 +2,7 @@
 session's model (tests/conftest.py `lm`), with tiny workloads: 3 requests x 8 tokens, 2 widths.
 
 Every test runs with GMLX_CONFIG pointing into its own temporary directory, so nothing here can
-read or write the real user config. Timing is never asserted (DESIGN §8): only shapes, types,
+read or write the real user config. Timing is never asserted (docs/design.md §8): only shapes, types,
 equality of streams and the transitions the arms record.
 """
 
@@ -22,6 +22,7 @@ from gmlx.policy import caps
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
 from gmlx.engine.metrics import Event, EventKind
+from gmlx.policy.admission import Mode, Round, Transition
 from gmlx.models.loading import default_model_path
 from gmlx_cli import app as app_mod
 from gmlx_cli import generate as gen_mod
@@ -318,8 +319,8 @@ class FakeBackend(Backend):
             st[1].append(5)
             rows.append((rid, 0, 0, 1))
             if len(st[1]) == st[0]:
-                fin.append(Event(EventKind.FINISH, "plain", 1, rid=rid))
-        return [Event(EventKind.ROUND, "plain", len(rows), rows=tuple(rows))] + fin
+                fin.append(Event(EventKind.FINISH, Mode.GATED, 1, rid=rid))
+        return [Event(EventKind.ROUND, Mode.GATED, len(rows), rows=tuple(rows), round=Round.PLAIN)] + fin
 
     def result(self, rid):
         return self.live.pop(rid)[1], "length", {}
@@ -352,11 +353,11 @@ def test_live_view_from_events_only():
     view.submitted(0)
     view.submitted(1)
     t["now"] = 0.1
-    view.on_event(Event(EventKind.ROUND, "speculative", 2, 0.01, rows=((0, 3, 2, 3), (1, 3, 0, 1))))
-    view.on_event(Event(EventKind.TRANSITION, "batched", 2, transition="gate", reason="x"))
+    view.on_event(Event(EventKind.ROUND, Mode.BATCHED, 2, 0.01, rows=((0, 3, 2, 3), (1, 3, 0, 1)), round=Round.SPECULATIVE))
+    view.on_event(Event(EventKind.TRANSITION, Mode.GATED, 2, transition=Transition.GATE, reason="x"))
     t["now"] = 0.2
-    view.on_event(Event(EventKind.ROUND, "plain", 2, 0.01, rows=((0, 0, 0, 1), (1, 0, 0, 1))))
-    view.on_event(Event(EventKind.FINISH, "gated", 2, rid=1, stats={}))
+    view.on_event(Event(EventKind.ROUND, Mode.GATED, 2, 0.01, rows=((0, 0, 0, 1), (1, 0, 0, 1)), round=Round.PLAIN))
+    view.on_event(Event(EventKind.FINISH, Mode.GATED, 2, rid=1, stats={}))
     assert "mode Gated" in view.header() and "width 2" in view.header() and "gate 1" in view.header()
     assert view.rows() == [("0", "gated", "4", "67%", "3.00", "30.0", "100ms")]
     from rich.console import Console
@@ -368,8 +369,8 @@ def test_live_view_from_events_only():
     view = LiveView(total=1, file=plain, rich=False)
     view.begin("arm c=1 rep 0")
     view.submitted(0)
-    view.on_event(Event(EventKind.ROUND, "scalar", 1, rows=((0, 3, 3, 4),)))
-    view.on_event(Event(EventKind.FINISH, "scalar", 1, rid=0))
+    view.on_event(Event(EventKind.ROUND, Mode.SCALAR, 1, rows=((0, 3, 3, 4),), round=Round.SCALAR))
+    view.on_event(Event(EventKind.FINISH, Mode.SCALAR, 1, rid=0))
     view.end()
     lines = plain.getvalue().splitlines()
     assert lines[0] == "== arm c=1 rep 0 (cap -)" and lines[1].startswith("   id 0 tokens 4 accept 100%")

@@ -8,15 +8,12 @@ mx.get_active_memory() does report the CPU backend's allocations (checked here: 
 KV of a 3-row batch exactly and returns to the same byte count after the run).
 """
 
-import gc
 from dataclasses import dataclass, field
 from typing import Callable
 
-import mlx.core as mx
 import pytest
 
-from engine_helpers import check_solo, drive, engine, solo
-from gmlx import SamplingParams
+from engine_helpers import active_memory, check_solo, drive, engine, P, solo
 from gmlx.kv import cache_nbytes
 from gmlx.engine.metrics import EventKind
 from gmlx.policy.admission import Mode
@@ -25,19 +22,9 @@ from gmlx.testing import make_row
 MEMORY_SLACK = 64 << 10  # bytes; one leaked row of this model's KV is ~1.4 MB at capacity 256
 
 
-@pytest.fixture(scope="module")
-def lm(lm_without_eos):
-    return lm_without_eos
+LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm
 
 
-def P(n, seed=0, t=0.0):
-    return SamplingParams(max_tokens=n, temperature=t, top_p=0.95 if t else 1.0, seed=seed)
-
-
-def active_memory() -> int:
-    gc.collect()
-    mx.clear_cache()
-    return mx.get_active_memory()
 
 
 def footprint(eng) -> dict:
@@ -53,7 +40,7 @@ def footprint(eng) -> dict:
     return dict(rids=[r.rid for r in b.rows], width=len(b.rows),
                 kv_rows={c.keys.shape[0] for c in b.cache if c.keys is not None} | {c.batch_size for c in b.cache},
                 draft_rows=draft_rows, nbytes=cache_nbytes(b.cache), capacity=b.cache[0].capacity if b.cache else 0,
-                scalar=None if eng._seq is None else eng._seq.row.rid)
+                scalar=None if eng.scalar.seq is None else eng.scalar.seq.row.rid)
 
 
 class ReapSpy:
@@ -83,7 +70,7 @@ class Case:
 
 def _cancel(eng, ctx, rid, *, during_step: bool):
     """Cancel request `rid` now; it must leave at this step's reap (before a step) or the next one."""
-    eng._streams[rid].cancel()
+    eng.service.stream(rid).cancel()
     ctx["rid"] = rid
     ctx["reap_at"] = ctx["run"].step_no + (1 if during_step else 0)
 
@@ -91,7 +78,7 @@ def _cancel(eng, ctx, rid, *, during_step: bool):
 def queued(eng, ctx):
     def before(run):
         if run.step_no == 4 and "rid" not in ctx:
-            ctx["reached"] = run.rid("b") in [r.rid for r in eng._queue] and eng.mode is Mode.SCALAR
+            ctx["reached"] = run.rid("b") in [r.rid for r in eng.service.queued_rows()] and eng.mode is Mode.SCALAR
             _cancel(eng, ctx, run.rid("b"), during_step=False)
     return before
 
@@ -113,12 +100,13 @@ def in_prefill(method):
 def in_scalar_round(eng, ctx):
     real, calls = eng.scalar.round, []
 
-    def wrapped(seq):
-        calls.append(seq.row.rid)
+    def wrapped(last=False):
+        rid = eng.scalar.row.rid
+        calls.append(rid)
         if len(calls) == 3:
             ctx["reached"] = eng.mode is Mode.SCALAR
-            _cancel(eng, ctx, seq.row.rid, during_step=True)
-        return real(seq)
+            _cancel(eng, ctx, rid, during_step=True)
+        return real(last)
     eng.scalar.round = wrapped
 
 
@@ -217,7 +205,7 @@ def test_cancel_in_every_state(lm, prompts, name):
             else:
                 assert after_reap["nbytes"] == 0
 
-    assert eng.mode is Mode.IDLE and eng.batch.cache == [] and eng._seq is None
+    assert eng.mode is Mode.IDLE and eng.batch.cache == [] and eng.scalar.seq is None
     assert active_memory() - baseline <= MEMORY_SLACK
     eng.close()
 

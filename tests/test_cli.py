@@ -142,7 +142,7 @@ def test_no_speculative_gives_the_same_tokens(lm, sampling):
     plain = gen_json(PROMPT, "--max-tokens", "16", "--no-speculative", *sampling)
     assert spec["speculative"] is True and plain["speculative"] is False
     assert plain["num_drafted"] == 0 and plain["num_draft_tokens"] is None
-    if spec["tokens"] != plain["tokens"]:  # DESIGN §3: only a floating-point near-tie may differ
+    if spec["tokens"] != plain["tokens"]:  # docs/design.md §3: only a floating-point near-tie may differ
         params = SamplingParams(temperature=float(sampling[1]), max_tokens=16, seed=spec["seed"])
         cmp = compare_streams(lm, spec["prompt_tokens"], plain["tokens"], spec["tokens"], params)
         assert cmp.tie, cmp

@@ -14,9 +14,7 @@ from gmlx.testing import run_scalar
 KINDS = ["draft-self", "draft-random", "draft-shipped", "assistant-random", "assistant"]
 
 
-@pytest.fixture(scope="module")
-def lm(lm_without_eos):
-    return lm_without_eos
+LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +52,11 @@ def test_schedule_equals_solo(lm, prompts, drafts, kind, temp, cap):
     run = drive(eng, arrivals)
     assert check_solo(lm, run) <= 1
     tr = run.transitions()
-    kinds = [e.mode for _, e in run.rounds()]
+    kinds = [e.round for _, e in run.rounds()]
     assert "preempt" in tr and "speculative" in kinds and "scalar" in kinds, (tr, kinds)
     if cap == 2:
         assert "gate" in tr and "resume" in tr, tr  # gated over the cap, re-armed by a capture round
-    spec = [row for _, e in run.rounds() if e.mode == "speculative" for row in e.rows]
+    spec = [row for _, e in run.rounds() if e.round == "speculative" for row in e.rows]
     if kind == "draft-self" and temp == "greedy":
         # the target drafting for itself greedily: every draft must be accepted, in every row,
         # which holds only if the draft cache is rolled back and merged exactly
@@ -131,6 +129,6 @@ def test_single_sequence_drafter_is_held_to_width_one(lm, prompts):
     run = drive(eng, arrivals)
     check_solo(lm, run)
     rounds = [e for _, e in run.rounds()]
-    assert any(e.mode == "scalar" and any(d for _, d, _, _ in e.rows) for e in rounds)  # it does draft alone
-    assert not any(e.mode == "speculative" and e.width > 1 for e in rounds)
+    assert any(e.round == "scalar" and any(d for _, d, _, _ in e.rows) for e in rounds)  # it does draft alone
+    assert not any(e.round == "speculative" and e.width > 1 for e in rounds)
     eng.close()

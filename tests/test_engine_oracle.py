@@ -1,5 +1,5 @@
 """The engine's oracle: whatever the schedule, cap or switches, every request's tokens equal
-its solo plain stream (DESIGN §3: the stream depends only on model, prompt, params and seed).
+its solo plain stream (docs/design.md §3: the stream depends only on model, prompt, params and seed).
 
 Each case drives `Engine.step()` in this thread on a fixed arrival schedule, then compares every
 stream with `run_scalar(..., speculative=False)` tie-aware (a divergence is only allowed where
@@ -15,9 +15,7 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.testing import compare_streams, run_scalar, visible_window
 
-@pytest.fixture(scope="module")
-def lm(lm_without_eos):
-    return lm_without_eos
+LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm
 
 
 # label: (arrival step, prompt index, max_tokens)
@@ -61,11 +59,11 @@ def check_run(lm, run, cap: int):
         assert total_emitted(run, label) == len(rec.tokens) == rec.stats["num_generated"]
         assert len(rec.tokens) <= run.reqs[label].params.max_tokens
     for _, e in run.rounds():
-        if e.mode == "speculative" and cap:
+        if e.round == "speculative" and cap:
             assert e.width <= cap, f"a batch of width {e.width} drafted over cap {cap}"
-        if e.mode in ("plain", "plain_last", "capture"):
+        if e.round in ("plain", "plain_last", "capture"):
             assert all(d == 0 for _, d, _, _ in e.rows), "a plain or capture round drafted"
-        if e.mode == "capture":
+        if e.round == "capture":
             assert all(n <= 1 for *_, n in e.rows)
     return ties
 
@@ -73,7 +71,7 @@ def check_run(lm, run, cap: int):
 def expected_transitions(run, schedule: str, cap: int, preempt: bool, resume: bool):
     """The schedule really exercised its transitions (guards against vacuous passes)."""
     tr = run.transitions()
-    kinds = [e.mode for _, e in run.rounds()]
+    kinds = [e.round for _, e in run.rounds()]
     assert tr[0] == "start_scalar" or (tr[0] == "form_batch" and schedule == "together")
     if schedule in ("join_late", "bursts", "staggered"):
         assert ("preempt" in tr) == preempt, tr
@@ -137,7 +135,7 @@ def test_one_token_prompt_in_batch(lm, prompts, cap):
     run = drive(engine(lm, cap), arrivals)
     check_run(lm, run, cap)
     if cap == 0:
-        assert any(e.mode == "speculative" for _, e in run.rounds())
+        assert any(e.round == "speculative" for _, e in run.rounds())
     # a batch made of one-token prompts only (no KV at all before its first round)
     run = drive(engine(lm, cap), {0: [("f", one, p(5, 10)), ("g", [prompts[24][0]], p(6, 9, 0.8))],
                                   2: [("h", [prompts[25][0]], p(7, 8))]})
@@ -163,7 +161,7 @@ def test_env_cap_flipped_between_rounds(lm, prompts, monkeypatch):
     assert tr.count("gate") >= 2 and tr.count("resume") >= 1, tr
     for (step, e) in run.rounds():
         cap = seen[step]
-        if e.mode == "speculative":
+        if e.round == "speculative":
             assert cap == 0 or e.width <= cap, (step, cap, e.width)
 
 
@@ -172,7 +170,7 @@ def test_other_draft_lengths(lm, prompts, k):
     """The batch loop's per-row rollback with k = 1 (no head entries to trim) and k = 5."""
     run = drive(engine(lm, 0, num_draft_tokens=k), arrivals_for(prompts, "join_late", "mixed"))
     check_run(lm, run, 0)
-    assert any(e.mode == "speculative" and all(d == k for _, d, _, _ in e.rows) for _, e in run.rounds())
+    assert any(e.round == "speculative" and all(d == k for _, d, _, _ in e.rows) for _, e in run.rounds())
 
 
 def test_stop_strings_inside_a_batch(lm, prompts):
@@ -240,7 +238,7 @@ def test_speculation_off(lm, prompts, schedule):
     """EngineConfig(speculative=False): the plain code path everywhere (no drafting, no capture)."""
     run = drive(engine(lm, 0, speculative=False), arrivals_for(prompts, schedule, "mixed"))
     check_run(lm, run, 0)
-    assert {e.mode for _, e in run.rounds()} <= {"scalar", "scalar_last", "plain", "plain_last"}
+    assert {e.round for _, e in run.rounds()} <= {"scalar", "scalar_last", "plain", "plain_last"}
     assert all(d == 0 for _, e in run.rounds() for _, d, _, _ in e.rows)
     assert "capture" not in run.transitions() and "gate" not in run.transitions()
 

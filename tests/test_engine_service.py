@@ -2,20 +2,15 @@
 no token; a preempted request is never offered back) and per-request fault isolation."""
 
 import pytest
-from engine_helpers import drive
+from engine_helpers import drive, P
 
-from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.testing import run_scalar
 
 
-@pytest.fixture(scope="module")
-def lm(lm_without_eos):
-    return lm_without_eos
+LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm
 
-
-def P(n, seed=0):
-    return SamplingParams(max_tokens=n, seed=seed)
 
 
 def _solo(lm, prompt, params):

@@ -50,6 +50,15 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
             stream = self.eng.submit(prompt, params, start=False)
             self.reqs[stream.request_id] = (prompt, params, stream)
 
+        @precondition(lambda self: not self.eng.has_work)
+        @rule(p=st.integers(0, len(prompts) - 1), q=st.integers(0, len(prompts) - 1), seed=st.integers(0, 3))
+        def join_a_lone_request(self, p, q, seed):
+            """One request starts alone, a waiter arrives a round later (the preempt path, when on)."""
+            self.submit(p, 24, 12, 0.8, seed)
+            self._step()
+            self.submit(q, 24, 8, 0.0, seed)
+            self._step()
+
         @rule(n=st.integers(1, 3))
         def step(self, n):
             for _ in range(n):
@@ -72,11 +81,11 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
                 if e.kind is EventKind.TRANSITION:
                     tally["transitions"].add(e.transition)
                 if e.kind is EventKind.ROUND:
-                    tally["rounds"].add(e.mode)
+                    tally["rounds"].add(e.round)
                     tally["n_rounds"] += 1
-                    if e.mode == "speculative":
+                    if e.round == "speculative":
                         assert cap == 0 or e.width <= cap, f"drafted at width {e.width} over cap {cap}"
-                    if e.mode in ("plain", "plain_last", "capture"):
+                    if e.round in ("plain", "plain_last", "capture"):
                         assert all(d == 0 for _, d, _, _ in e.rows)
 
         # ---- invariants (checked after every rule) ------------------------------------------
@@ -89,8 +98,8 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
         @invariant()
         def states_follow_allowed_and_mode(self):
             eng = self.eng
-            live = eng._live_rows()
-            seen = {r.rid: r.state for r in list(eng._queue) + live}
+            live = eng.live_rows()
+            seen = {r.rid: r.state for r in list(eng.service.queued_rows()) + live}
             for rid, (_, _, s) in self.reqs.items():
                 if s.done:
                     seen[rid] = RowState.DONE
@@ -98,23 +107,23 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
                 old = self.state_of.get(rid, RowState.QUEUED)
                 assert state is old or state in ALLOWED[old], f"row {rid}: {old} -> {state}"
                 self.state_of[rid] = state
-            assert all(r.state is RowState.QUEUED for r in eng._queue)
+            assert all(r.state is RowState.QUEUED for r in eng.service.queued_rows())
             expect = {Mode.SCALAR: RowState.SCALAR, Mode.BATCHED: RowState.BATCHED, Mode.GATED: RowState.GATED}
             if eng.mode is Mode.IDLE:
-                assert not live and not eng.batch.rows and eng._seq is None
+                assert not live and not eng.batch.rows and eng.scalar.seq is None
             else:
                 assert live and all(r.state is expect[eng.mode] for r in live), (eng.mode, [r.state for r in live])
                 assert all(not r.is_done for r in live)  # finished rows leave at the boundary
             if eng.mode in (Mode.BATCHED, Mode.GATED):
                 assert eng.batch.armed == (eng.mode is Mode.BATCHED)
-                assert eng._seq is None
+                assert eng.scalar.seq is None
 
         @invariant()
         def kv_holds_all_but_the_bonus(self):
             eng = self.eng
             if eng.mode is Mode.SCALAR:
-                row = eng._seq.row
-                assert eng._seq.cache[0].offset == len(row.prompt) + len(row.tokens) - 1
+                row = eng.scalar.seq.row
+                assert eng.scalar.seq.cache[0].offset == len(row.prompt) + len(row.tokens) - 1
             elif eng.mode in (Mode.BATCHED, Mode.GATED):
                 extra = 1 if eng.batch.lookahead is not None else 0
                 assert eng.batch.lookahead is None or eng.mode is Mode.GATED
@@ -123,7 +132,7 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
 
         @invariant()
         def per_row_state_sized_to_the_batch(self):
-            """Every per-row structure widens on admission and shrinks on filter (DESIGN §7)."""
+            """Every per-row structure widens on admission and shrinks on filter (docs/design.md §7)."""
             b = self.eng.batch
             w = len(b.rows)
             if not w:

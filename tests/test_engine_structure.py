@@ -1,4 +1,4 @@
-"""Structural checks of the dual-loop engine (DESIGN §2, §7): which rounds run, in which order,
+"""Structural checks of the dual-loop engine (docs/design.md §2, §7): which rounds run, in which order,
 what the drafter may touch, and where the transitions put each request's tokens.
 
 Every test drives `Engine.step()` in this thread and also checks the streams against their solo
@@ -7,19 +7,13 @@ plain references, so a structural pass never hides a content failure.
 
 import pytest
 
-from engine_helpers import check_solo, drive, engine, solo
-from gmlx import SamplingParams
+from engine_helpers import check_solo, drive, engine, P, solo
 from gmlx.engine.metrics import EventKind
 from gmlx.policy.admission import Mode
 
 
-@pytest.fixture(scope="module")
-def lm(lm_without_eos):
-    return lm_without_eos
+LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm
 
-
-def P(n, seed=0, t=0.0):
-    return SamplingParams(max_tokens=n, temperature=t, top_p=0.95 if t else 1.0, seed=seed)
 
 
 def full_length(lm, prompt, params):
@@ -29,7 +23,7 @@ def full_length(lm, prompt, params):
 
 def kinds_after(run, step):
     """Round kinds of the steps after `step`, one per step (the batch runs one round per step)."""
-    return [e.mode for i, e in run.rounds() if i > step]
+    return [e.round for i, e in run.rounds() if i > step]
 
 
 def transitions_at(run, step):
@@ -76,10 +70,10 @@ def test_gated_rounds_never_touch_the_drafter(lm, prompts, cap, arrive):
     if cap == 2:
         assert tr[:3] == ["start_scalar", "preempt", "capture"] and "gate" in tr[3:], tr  # armed, then gated
         gate_step = next(i for i, e in run.events() if e.transition == "gate")
-        assert any(e.kind is EventKind.ROUND and e.width == 3 and e.mode == "plain" for e in run.steps[gate_step])
+        assert any(e.kind is EventKind.ROUND and e.width == 3 and e.round == "plain" for e in run.steps[gate_step])
     assert guard.calls > 0  # the armed rounds did draft through the guard
     for _, e in run.rounds():
-        if e.mode in ("plain", "plain_last", "capture"):
+        if e.round in ("plain", "plain_last", "capture"):
             assert all(d == 0 for _, d, _, _ in e.rows)
 
 
@@ -169,7 +163,7 @@ def test_admission_beats_pending_resume(lm, prompts, cap):
 
     def inject(run):
         last = run.steps[-1] if run.steps else []
-        if not injected and any(e.kind is EventKind.ROUND and e.mode == "plain_last" for e in last):
+        if not injected and any(e.kind is EventKind.ROUND and e.round == "plain_last" for e in last):
             injected["at"] = run.step_no
             run.submit("d", prompts[13], P(20, 4))
 
@@ -178,11 +172,11 @@ def test_admission_beats_pending_resume(lm, prompts, cap):
     at = injected["at"]
     assert transitions_at(run, at - 1) == []  # the plain_last round was the resume path's
     assert "resume" not in transitions_at(run, at)
-    (kind, width), = [(e.mode, e.width) for i, e in run.rounds() if i == at]
+    (kind, width), = [(e.round, e.width) for i, e in run.rounds() if i == at]
     assert kind == "plain" and width == 3
     assert run.first_emission("d") == len([1 for i, _ in run.rounds() if i < at])  # admitted this round
     for _, e in run.rounds():
-        assert e.mode != "speculative" or e.width <= cap
+        assert e.round != "speculative" or e.width <= cap
 
 
 # ---- (5) PREEMPT=0: waiters wait -----------------------------------------------------------
@@ -222,11 +216,11 @@ def test_preempt_order_and_continuity(lm, prompts, cap):
     seen = {}
     real_preempt = eng._preempt
 
-    def spy():
-        row, stream = eng._seq.row, eng._streams[eng._seq.row.rid]
-        seen.update(emitted=len(row.tokens), delivered=stream._q.qsize(), kv=eng._seq.cache[0].offset,
+    def spy(plan):
+        row, stream = eng.scalar.seq.row, eng.service.stream(eng.scalar.seq.row.rid)
+        seen.update(emitted=len(row.tokens), delivered=stream._q.qsize(), kv=eng.scalar.seq.cache[0].offset,
                     prompt=len(row.prompt))
-        real_preempt()
+        real_preempt(plan)
         seen["preempted"] = row.preempted
 
     eng._preempt = spy
@@ -289,7 +283,7 @@ def test_injected_rows_keep_their_budgets(lm, prompts, cap):
         rec = run.streams[label].wait(1)
         assert len(rec.tokens) == n and rec.finish_reason == "length", (label, len(rec.tokens), n)
     if cap == 0:
-        assert any(e.mode == "speculative" and e.width >= 3 for _, e in run.rounds())
+        assert any(e.round == "speculative" and e.width >= 3 for _, e in run.rounds())
 
 
 # ---- (10, 11) batch semantics after a preempt; the next request starts scalar ---------------
@@ -336,7 +330,7 @@ def test_cancel_queued_request(lm, prompts):
 
     def cancel(run):
         if run.step_no == 4:
-            assert eng._queue and run.streams["b"].request_id in [r.rid for r in eng._queue]
+            assert eng.service.queued_rows() and run.streams["b"].request_id in [r.rid for r in eng.service.queued_rows()]
             run.streams["b"].cancel()
 
     run = drive(eng, {0: [("a", prompts[38], P(14))], 2: [("b", prompts[39], P(10, 1)), ("c", prompts[40], P(8, 2))]},

@@ -13,21 +13,15 @@ import threading
 
 import pytest
 
-from engine_helpers import check_solo, drive, engine, solo
-from gmlx import SamplingParams
+from engine_helpers import check_solo, drive, engine, P, solo
 from gmlx.engine.metrics import EventKind
 from gmlx.testing import poisoned
 
 WAIT = 60  # seconds; a bound, never a timing assertion
 
 
-@pytest.fixture(scope="module")
-def lm(lm_without_eos):
-    return lm_without_eos
+LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm
 
-
-def P(n, seed=0, t=0.0, **kw):
-    return SamplingParams(max_tokens=n, temperature=t, top_p=0.95 if t else 1.0, seed=seed, **kw)
 
 
 def pick_poison(lm, healthy) -> int:
@@ -106,7 +100,7 @@ def test_nan_logits_with_the_engine_thread(lm, prompts):
     again = eng.submit(prompts[7], P(6, 4))
     assert again.wait(WAIT).tokens == solo(lm, prompts[7], P(6, 4))
     eng.close()
-    assert not eng._thread.is_alive()
+    assert not eng.service.thread.is_alive()
 
 
 def test_a_poisoned_draft_never_reaches_the_stream(lm, prompts):
@@ -204,7 +198,7 @@ def test_an_escaping_fault_fails_the_served_rows_and_the_engine_goes_on(lm, prom
     setattr(*target, broken)
     a = eng.submit(prompts[16], P(10), start=False)
     b = eng.submit(prompts[17], P(10, 1), start=False)
-    eng._ensure_thread()  # both are queued: they form a batch together
+    eng.service.start()  # both are queued: they form a batch together
     for s in (a, b):
         rec = s.wait(WAIT)
         assert rec.finish_reason == "error" and rec.error == "RuntimeError: device fault"

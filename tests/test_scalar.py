@@ -134,18 +134,18 @@ def test_rollback_restores_caches(lm, prompts, accept):
         good = full[first_position : first_position + kk]
         return [t if j < accept else (t + 1) % lm.target.vocab_size for j, t in enumerate(good)]
 
-    from gmlx.sampling import RowSampling
-    from gmlx.decode.scalar import ScalarLoop
+    from gmlx.decode.scalar import ScalarLane
     from gmlx.testing import make_row
 
     row = make_row(lm, prompt, params, eos_ids=set())
     drafter = ScriptedDrafter(lm.head, lm.target, script)
-    loop = ScalarLoop(lm.target, drafter, k, adaptive=False)  # every round drafts k
-    seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
+    lane = ScalarLane(lm.target, drafter, k, adaptive=False)  # every round drafts k
+    lane.start(row)
+    seq = lane.seq
     import time
 
     while not row.is_done:
-        res = loop.round(seq)
+        res = lane.round()
         row.emit(res.tokens, time.perf_counter())
         if row.is_done:
             break

@@ -23,19 +23,19 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from gmlx.decode.prefill import Prefilled
+from gmlx.decode.verify import RoundResult, positions, verified
+from gmlx.drafters.base import DraftPick, Drafter
+from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
 from gmlx.models.adapter import Target
-from gmlx.engine.row import Row
 from gmlx.sampling import RowSampling, sample
-from gmlx.drafters.base import DraftPick, Drafter
-from gmlx.decode.scalar import Prefilled, RoundResult
 
 
 class BatchLoop:
-    def __init__(self, target: Target, drafter: Drafter | None, k: int):
+    def __init__(self, target: Target, drafter: Drafter | None):
         self.target = target
         self.drafter = drafter
-        self.k = k
         self.rows: list[Row] = []
         self.cache: list[RaggedKVCache] = []
         self.draft: object | None = None  # the drafter's state for every row; armed iff set
@@ -54,8 +54,7 @@ class BatchLoop:
         return mx.array([[r.tokens[-1] if r.tokens else r.prompt[-1]] for r in self.rows], dtype=mx.int32)
 
     def _positions(self, n: int, shift: int = 0) -> mx.array:
-        start = np.array([r.next_position + shift for r in self.rows], dtype=np.int32)
-        return mx.array(start[:, None] + np.arange(n, dtype=np.int32)[None])  # [B, n]
+        return positions(np.array([r.next_position + shift for r in self.rows]), n)  # [B, n]
 
     # ---- membership ------------------------------------------------------------------
     def add(self, rows: list[Row], new: list[RaggedKVCache], pres: list[Prefilled], arm: bool) -> None:
@@ -98,9 +97,8 @@ class BatchLoop:
         self.rs = RowSampling.from_params([r.params for r in self.rows], [r.seed for r in self.rows])
 
     # ---- rounds ------------------------------------------------------------------------
-    def speculative_round(self) -> list[RoundResult]:
+    def speculative_round(self, k: int) -> list[RoundResult]:
         assert self.draft is not None and self.lookahead is None
-        k = self.k
         pick = DraftPick(None, np.array([r.next_position for r in self.rows]))  # greedy across rows
         drafts = self.drafter.draft(self.draft, k, pick, self.cache)  # [B, k]
         # Device-only barrier between the draft and verify graphs (measured faster on CPU).
@@ -108,15 +106,12 @@ class BatchLoop:
         inputs = mx.concatenate([self._bonus(), drafts], axis=1)  # [B, k+1]
         logits, hidden = self.target(inputs, self.cache)  # [B, k+1, V], [B, k+1, D]
         targets = sample(logits, self.rs, self._positions(k + 1))  # [B, k+1]
-        mx.eval(targets)  # sync: the round's one host read of drafts and target tokens
-        d = np.array(drafts.tolist(), dtype=np.int64).reshape(len(self.rows), k)  # sync: evaluated above
-        t = np.array(targets.tolist(), dtype=np.int64)  # sync: evaluated above
-        accepted = np.cumprod(d == t[:, :k], axis=1).sum(axis=1)  # [B] leading matches
+        read = np.array(mx.concatenate([drafts, targets], axis=1))  # sync: the round's one host read
+        accepted, results = verified(read[:, :k], read[:, k:])
         trim_rows(self.cache, k - accepted)
         # A FAULT (-1) target ends its row at emission; the drafter must still never embed it.
         self.drafter.commit(self.draft, k, accepted, hidden, mx.maximum(targets, 0))
-        return [RoundResult(tokens=[int(x) for x in t[b, : accepted[b] + 1]], drafted=k, accepted=int(accepted[b]))
-                for b in range(len(self.rows))]
+        return results
 
     def plain_round(self, successor: bool) -> list[RoundResult]:
         """One plain step per row; dispatch the next step before reading this one (if asked)."""

@@ -9,13 +9,62 @@ offered back, except a preempted one's (it dropped its retirement context) or a 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 
+from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, extend_rows, extract_row, lift_caches, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.prompt_cache import PromptCache
-from gmlx.engine.row import Row
-from gmlx.decode.scalar import Prefilled, prefill, prefill_row
+
+
+def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, want_hidden: bool) -> mx.array | None:
+    """Run each row's tokens through the target in chunks, right-padded to the longest row (the
+    padded positions lie after a row's real ones; the caller trims them per row). Returns the
+    hidden states [B, L, D] when asked."""
+    longest = max((len(b) for b in bodies), default=0)
+    hiddens = []
+    for i in range(0, longest, step):
+        n = min(step, longest - i)
+        chunk = mx.array([(b[i : i + n] + [0] * n)[:n] for b in bodies], dtype=mx.int32)  # [B, n]
+        if want_hidden:
+            _, h = target(chunk, cache)
+            hiddens.append(h)
+            mx.eval(h, [c.state for c in cache])  # sync: bound the graph per prefill chunk
+        else:
+            target.backbone(chunk, cache=cache)
+            mx.eval([c.state for c in cache])  # sync: bound the graph per prefill chunk
+    if not want_hidden or not hiddens:
+        return None
+    return hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
+
+
+@dataclass(slots=True)
+class Prefilled:
+    """A request ready to decode: its single-sequence target cache holds x_0..x_{m-2} (the last
+    prompt token is the pending bonus); `hidden` / `next_tokens` are the (h_i, x_{i+1}) entries a
+    drafter is teacher-forced on (positions `start`..m-2), None when no drafter needs them."""
+
+    cache: list | None
+    hidden: mx.array | None  # [1, P, D]
+    next_tokens: mx.array | None  # [1, P]
+
+    @classmethod
+    def nothing(cls) -> "Prefilled":
+        """A row with nothing for a drafter to learn from (it joins unarmed, or cold-starts)."""
+        return cls(None, None, None)
+
+
+def prefill_row(target: Target, row: Row, step: int, want_hidden: bool, cache: list | None = None,
+                start: int = 0) -> Prefilled:
+    """Run prompt[start:-1] into `cache` (fresh when None; `start` tokens already cached)."""
+    cache = cache if cache is not None else target.make_cache()
+    body = row.prompt[start:-1]
+    row.stats.prefill_tokens = len(body)
+    hidden = prefill(target, cache, [body], step, want_hidden)
+    nxt = mx.array([row.prompt[start + 1 :]], dtype=mx.int32) if hidden is not None else None
+    return Prefilled(cache, hidden, nxt)
 
 
 class Prefiller:
@@ -58,7 +107,7 @@ class Prefiller:
             r.stats.prompt_tokens = len(r.prompt)
             r.stats.prefill_tokens = len(body)
             if hidden is None or not body:
-                pres.append(Prefilled(None, None, None))
+                pres.append(Prefilled.nothing())
             else:
                 pres.append(Prefilled(None, hidden[b : b + 1, : len(body)], mx.array([r.prompt[1:]], dtype=mx.int32)))
         return cache, pres

@@ -1,5 +1,5 @@
 """KV-sharing assistant drafter: a one-layer head that keeps no KV of its own and attends to the
-target's cached K/V of one layer (DESIGN §1, capture round).
+target's cached K/V of one layer (docs/design.md §1, capture round).
 
 State per row at a round boundary: only (h_{n-2}, x_{n-1}), the target's hidden at the last
 cached position and the bonus after it. The target's cache holds x_0..x_{n-2}, so the assistant's

@@ -25,7 +25,7 @@ import numpy as np
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
-from gmlx.decode.scalar import prefill
+from gmlx.decode.prefill import prefill
 
 
 @dataclass(slots=True)

@@ -1,40 +1,44 @@
-"""The engine: owns the model, the drafter and the two decode loops; one step at a time.
+"""The engine: owns the model, the drafter and the two decode lanes; one step at a time.
 
-All MLX work happens in one engine thread (or in the caller's thread when it drives `step()`
-itself, as tests do). `submit()` validates a request completely before touching any state,
-then queues it; requests join between rounds. `spec/admission.py` decides each step's
-transition and round; `_apply` and `_round` carry them out. The queue, the streams, the engine
-thread and shutdown are the service's (gmlx/engine/service.py).
+`submit()` validates a request completely before touching any state, then queues it; requests
+join between rounds. `gmlx.policy.admission` decides each step's transitions and round; the
+engine applies each transition through one named method (`_apply`'s table) and then runs the
+round. The queue, the streams, the engine thread and shutdown are the service's
+(gmlx/engine/service.py), which the engine holds.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Callable
 
-from gmlx.policy import caps
-from gmlx.config import EngineConfig, Switches, parse_cap_env
-from gmlx.errors import ConfigError, EngineBusy, EngineClosed
-from gmlx.engine.metrics import Counters, Event, EventKind, notify
-from gmlx.kv import lift_caches
-from gmlx.models.loading import LoadedModel, default_model_path, load
-from gmlx.decode.prefill import Prefiller
-from gmlx.prompt_cache import PromptCache
-from gmlx.engine.row import Row, RowState, transition
-from gmlx.sampling import RowSampling
-from gmlx.policy import admission
-from gmlx.policy.admission import Mode, Round
+from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
 from gmlx.decode.batch import BatchLoop
+from gmlx.decode.prefill import Prefiller
+from gmlx.decode.scalar import ScalarLane
+from gmlx.decode.verify import RoundResult
 from gmlx.drafters.base import Drafter
 from gmlx.drafters.select import choose
-from gmlx.decode.scalar import PlainDecoder, Prefilled, RoundResult, ScalarLoop, ScalarSeq
-from gmlx.engine.service import EngineService
+from gmlx.engine.intake import make_row
+from gmlx.engine.metrics import Counters, Event, EventKind, notify
+from gmlx.engine.row import Row, RowState, transition
+from gmlx.engine.service import Service
+from gmlx.engine.stream import FinalRecord, Stream
+from gmlx.errors import ConfigError
+from gmlx.models.loading import LoadedModel, default_model_path, load
+from gmlx.policy import admission, caps
+from gmlx.policy.admission import Mode, Plan, Round, Transition
+from gmlx.prompt_cache import PromptCache
 
 
-class Engine(EngineService):
+class Engine:
+    # Each transition is applied by one named method (looked up per step, so tests may spy on it).
+    _APPLY = {Transition.START_SCALAR: "_start_scalar", Transition.FORM_BATCH: "_form_batch",
+              Transition.PREEMPT: "_preempt", Transition.GATE: "_gate", Transition.RESUME: "_resume",
+              Transition.CAPTURE: "_arm"}
+
     def __init__(self, model: LoadedModel | str | Path | None = None, config: EngineConfig | None = None,
                  *, switches: Switches | None = None, draft_model: LoadedModel | str | Path | None = None,
                  drafter: Drafter | None = None):
@@ -50,8 +54,8 @@ class Engine(EngineService):
         self.notices = choice.notices  # said once to the user (the CLI prints them)
         self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
-        self.scalar = ScalarLoop(self.lm.target, drafter, self.k, self.config.prefill_step_size)
-        self.batch = BatchLoop(self.lm.target, drafter, self.k)
+        self.scalar = ScalarLane(self.lm.target, drafter, self.k, self.config.prefill_step_size)
+        self.batch = BatchLoop(self.lm.target, drafter)
         self.mode = Mode.IDLE
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
                           + choice.cap_key_suffix)
@@ -64,22 +68,37 @@ class Engine(EngineService):
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
         self.counters = Counters()
         self.listeners: list[Callable[[Event], None]] = []
-        self._seq: ScalarSeq | None = None
-        self._plain: PlainDecoder | None = None
-        self._init_service()
+        self.service = Service(self, self.config.max_queued, self.speculative)
+
+    # ---- the caller's side (thread-safe) -----------------------------------------------
+    def submit(self, prompt: str | list[int], params: SamplingParams | None = None, *, start: bool = True) -> Stream:
+        """Queue a request (thread-safe); returns its stream. Raises GmlxError on bad input,
+        before anything changes. `start=False` leaves the engine thread off (tests drive step())."""
+        return self.service.submit(make_row(self.lm, prompt, params), start)
+
+    def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> FinalRecord:
+        self.service.check_not_engine_thread("generate()")
+        stream = self.submit(prompt, params)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def close(self) -> None:
+        """End live and queued streams ("cancelled"), join the engine thread, drop every cache."""
+        self.service.close()
 
     # ---- one step ----------------------------------------------------------------------
     @property
+    def busy(self) -> bool:
+        return self.mode is not Mode.IDLE
+
+    @property
     def has_work(self) -> bool:
-        return self.mode is not Mode.IDLE or bool(self._queue)
+        return self.busy or self.service.has_queued
 
     def step(self) -> list[Event]:
-        """One round: reap cancellations, plan, apply the transition, run the round, retire."""
-        if self._closed:
-            raise EngineClosed("the engine is closed; create a new Engine")
-        if self._thread is not None and threading.current_thread() is not self._thread:
-            raise EngineBusy("the engine thread drives this engine (a submit() started it); do not call step()")
-        self._in_transit = []
+        """One round: reap cancellations, plan, apply the transitions, run the round, retire."""
+        self.service.begin_step()
         events = self._reap_cancelled()
         self._caps = self._refresh_caps()  # once per round: the env and the user config may change live
         plan = admission.plan(self._view())
@@ -114,73 +133,82 @@ class Engine(EngineService):
             return self.config.num_draft_tokens
         return self._caps.num_draft_tokens(width, self.lm.default_k)
 
+    @property
+    def cap_in_force(self) -> caps.CapDecision:
+        """This round's cap decision (read by listeners on the engine thread)."""
+        return self._caps
+
     def cap(self) -> int | None:
         """None: off (never speculate in a batch); 0: uncapped; N: speculate while width <= N."""
         return self.cap_decision().cap
 
     def _view(self) -> admission.View:
-        live = self._live_rows()
-        with self._lock:
-            queued = len(self._queue)
+        live = self.live_rows()
         return admission.View(
-            mode=self.mode, width=len(live), queued=queued, cap=self._caps.cap, speculative=self.speculative,
-            preempt=self.switches.preempt, resume=self.switches.resume, lookahead=self.batch.lookahead is not None,
-            scalar_lookahead=self._plain is not None and self._plain.in_flight,
+            mode=self.mode, width=len(live), queued=self.service.queued, cap=self._caps.cap,
+            speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
+            lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
             min_remaining=min((r.remaining for r in live), default=0),
             resume_min_remaining=self.config.resume_min_remaining)
 
-    @property
-    def _wants_hidden(self) -> bool:
-        return self.drafter is not None and self.drafter.needs_hidden
-
-    def _reset_loops(self, drop_caches: bool = False) -> None:
-        """No row is served any more (close() or a fault): drop both loops' state."""
-        self._seq = self._plain = None
-        self.batch = BatchLoop(self.lm.target, self.drafter, self.k)
-        self.mode = Mode.IDLE
-        if drop_caches and self.prompt_cache is not None:
-            self.prompt_cache.clear()
-
-    def _live_rows(self) -> list[Row]:
-        if self.mode is Mode.SCALAR and self._seq is not None:
-            return [self._seq.row]
+    def live_rows(self) -> list[Row]:
+        if self.mode is Mode.SCALAR:
+            return [self.scalar.row] if self.scalar.row is not None else []
         return list(self.batch.rows)
 
-    def _apply(self, plan: admission.Plan) -> list[Event]:
-        events = []
-        if plan.transition is not None:
-            events.append(self._transition_event(plan.transition, plan.reason))
-        if plan.transition in ("preempt", "form_batch") and self.speculative and plan.round is Round.PLAIN:
-            events.append(self._transition_event("gate", plan.reason))  # the new batch starts over the cap
-        if plan.transition == "start_scalar":
-            row = self._pop(1)[0]
-            transition(row, RowState.SCALAR)
-            pre = self.prefiller.prefill(row, want_hidden=self._wants_hidden)
-            self._seq = self.scalar.start(row, RowSampling.from_params([row.params], [row.seed]), pre)
-            self._plain = None if self.speculative else PlainDecoder(self.lm.target, self._seq)
-            self.mode = Mode.SCALAR
-        elif plan.transition == "preempt":
-            self._preempt()
-        elif plan.transition == "gate":
-            self.batch.disarm()
-            self.mode = Mode.GATED
-            for r in self.batch.rows:
-                transition(r, RowState.GATED)
-        elif plan.transition == "form_batch":
-            self.mode = Mode.BATCHED if plan.arm_newcomers else Mode.GATED
-        if plan.admit and plan.transition != "start_scalar":  # start_scalar took its one row above; a
-            self._admit(self._pop(plan.admit), plan.arm_newcomers)  # second pop would grab a late submit
+    # ---- transitions: each a named method, applied in the plan's order -------------------
+    def _apply(self, plan: Plan) -> list[Event]:
+        events, admitted = [], False
+        for t in plan.transitions:
+            if t is Transition.CAPTURE:  # the newcomers join first: the capture round arms them too
+                admitted = self._admit_planned(plan)
+            getattr(self, self._APPLY[t])(plan)
+            self.counters.transitions[t] += 1
+            events.append(Event(EventKind.TRANSITION, self.mode, len(self.live_rows()), transition=t,
+                                reason=plan.reason))
+        if not admitted:
+            self._admit_planned(plan)
         return events
 
-    def _preempt(self) -> None:
-        """Move the scalar request into an unarmed batch; its round's tokens are all delivered
-        already (rounds are atomic here), so it restarts from its bonus with its real count."""
-        seq = self._seq
-        seq.row.preempted = True
-        transition(seq.row, RowState.GATED)
-        self.batch.add([seq.row], lift_caches([seq.cache]), [Prefilled(None, None, None)], arm=False)
-        self._seq = self._plain = None
+    def _admit_planned(self, plan: Plan) -> bool:
+        """The plan's queued requests join the batch (start_scalar took its one row itself; a
+        second pop would grab a late submit)."""
+        if plan.admit and Transition.START_SCALAR not in plan.transitions:
+            self._admit(self.service.pop(plan.admit), plan.arm_newcomers)
+        return True
+
+    def _start_scalar(self, plan: Plan) -> None:
+        row = self.service.pop(1)[0]
+        transition(row, RowState.SCALAR)
+        self.scalar.start(row, self.prefiller.prefill(row, want_hidden=self._wants_hidden))
+        self.mode = Mode.SCALAR
+
+    def _form_batch(self, plan: Plan) -> None:
+        self.mode = Mode.BATCHED if plan.arm_newcomers else Mode.GATED
+
+    def _preempt(self, plan: Plan) -> None:
+        """The scalar request joins an unarmed batch with its real emitted count; it keeps batch
+        semantics (greedy drafts) to its end and drops its prompt-cache retirement context."""
+        self.scalar.row.preempted = True
+        transition(self.scalar.row, RowState.GATED)
+        self.batch.add(*self.scalar.evict(), arm=False)
         self.mode = Mode.GATED
+
+    def _gate(self, plan: Plan) -> None:
+        self.batch.disarm()
+        self._enter(Mode.GATED, RowState.GATED)
+
+    def _resume(self, plan: Plan) -> None:
+        assert self.mode is Mode.GATED and self.batch.lookahead is None, "resume needs a drained, gated batch"
+
+    def _arm(self, plan: Plan) -> None:
+        """This step's round is a capture round: it arms the drafter for every row."""
+        self._enter(Mode.BATCHED, RowState.BATCHED)
+
+    def _enter(self, mode: Mode, state: RowState) -> None:
+        self.mode = mode
+        for r in self.batch.rows:
+            transition(r, state)
 
     def _admit(self, rows: list[Row], arm: bool) -> None:
         if not rows:  # the queue emptied since the plan (cancellations)
@@ -190,87 +218,82 @@ class Engine(EngineService):
             transition(row, RowState.BATCHED if arm else RowState.GATED)
         self.batch.add(ordered, cache, pres, arm=arm)
 
+    @property
+    def _wants_hidden(self) -> bool:
+        return self.drafter is not None and self.drafter.needs_hidden
+
+    # ---- the round ---------------------------------------------------------------------
     def _round(self, kind: Round) -> list[Event]:
         if kind is Round.NONE:
             return []
         t0 = time.perf_counter()
-        if kind in (Round.SCALAR, Round.SCALAR_LAST):
-            rows = [self._seq.row]
-            if self._plain is not None:
-                results = [self._plain.round(successor=kind is Round.SCALAR)]
-            else:
-                results = [self.scalar.round(self._seq)]
-        else:
-            rows = list(self.batch.rows)
-            if kind is Round.SPECULATIVE:
-                self.batch.k = self._k_for(len(rows))
-                results = self.batch.speculative_round()
-            elif kind is Round.CAPTURE:
-                results = self.batch.capture_round()
-                self.mode = Mode.BATCHED
-                for r in rows:
-                    transition(r, RowState.BATCHED)
-            else:
-                results = self.batch.plain_round(successor=kind is Round.PLAIN)
+        rows = self.live_rows()
+        results = self._run(kind, len(rows))
         now = time.perf_counter()
         per_row = tuple(self._deliver(row, res, now) for row, res in zip(rows, results))
         self.counters.rounds += 1
         self.counters.syncs += 1
-        events = [Event(EventKind.ROUND, kind.value, len(rows), now - t0, per_row)]
+        return [Event(EventKind.ROUND, self.mode, len(rows), now - t0, per_row, round=kind)]
+
+    def _run(self, kind: Round, width: int) -> list[RoundResult]:
+        if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
+            return [self.scalar.round(last=kind is Round.SCALAR_LAST)]
+        if kind is Round.SPECULATIVE:
+            return self.batch.speculative_round(self._k_for(width))
         if kind is Round.CAPTURE:
-            events.append(self._transition_event("capture", f"width {len(rows)}"))
-        return events
+            return self.batch.capture_round()
+        return self.batch.plain_round(successor=kind is Round.PLAIN)
 
     def _deliver(self, row: Row, res: RoundResult, now: float) -> tuple:
-        row.stats.record_round(res.drafted, res.accepted)
-        try:
-            pieces = row.emit(res.tokens, now)
-        except Exception as e:  # a detokenizer or stop-check fault ends this request only
-            row.finish("error", now)
-            row.error = f"{type(e).__name__}: {e}"
-            pieces = []
-        self._streams[row.rid]._put(pieces)
+        pieces = row.take(res, now)
+        self.service.deliver(row, pieces)
         n = sum(p.token >= 0 for p in pieces)
         self.counters.tokens += n
         self.counters.drafted += res.drafted
         self.counters.accepted += res.accepted
         return (row.rid, res.drafted, res.accepted, n)
 
-    def _transition_event(self, kind: str, reason: str) -> Event:
-        if kind in self.counters.transitions:
-            self.counters.transitions[kind] += 1
-        return Event(EventKind.TRANSITION, self.mode.value, len(self._live_rows()), transition=kind, reason=reason)
-
+    # ---- leaving -----------------------------------------------------------------------
     def _reap_cancelled(self) -> list[Event]:
         """Cancelled requests leave at this boundary, before the plan counts the width."""
         now = time.perf_counter()
-        with self._lock:
-            gone = [r for r in self._queue if self._streams[r.rid].cancelled]
-            for r in gone:
-                self._queue.remove(r)
-        for r in gone + [r for r in self._live_rows() if self._streams[r.rid].cancelled]:
+        for r in self.service.pop_cancelled():
             r.finish("cancelled", now)
-            if r.state is RowState.QUEUED:
-                self._deliver_final(r)
+            self.service.finish(r)
+        for r in self.live_rows():
+            if self.service.cancelled(r):
+                r.finish("cancelled", now)
         return self._retire_finished()
 
     def _retire_finished(self) -> list[Event]:
-        live = self._live_rows()
+        live = self.live_rows()
         done = [r for r in live if r.is_done]
         if not done:
             return []
         events = []
         for r in done:
-            self._deliver_final(r)
-            events.append(Event(EventKind.FINISH, self.mode.value, len(live), rid=r.rid, stats=r.stats.as_dict()))
+            self.service.finish(r)
+            events.append(Event(EventKind.FINISH, self.mode, len(live), rid=r.rid, stats=r.stats.as_dict()))
         if self.mode is Mode.SCALAR:
-            self.prefiller.retire(self._seq.row, self._seq.cache)
-            self._seq = self._plain = None
+            self.prefiller.retire(*self.scalar.retire())
         else:
             for i, r in enumerate(self.batch.rows):
                 if r.is_done:
                     self.prefiller.retire_batch_row(r, self.batch.cache, i)
             self.batch.filter([i for i, r in enumerate(self.batch.rows) if not r.is_done])
-        if not self._live_rows():
+        if self.mode is Mode.SCALAR or not self.batch.rows:
             self.mode = Mode.IDLE
         return events
+
+    def end_live(self, reason: str, error: str | None = None, drop_caches: bool = False) -> None:
+        """End every row being served (close(): "cancelled"; the last-resort handler: "error")
+        and drop both lanes' state."""
+        now = time.perf_counter()
+        for row in self.live_rows():
+            row.finish(reason, now)
+            self.service.finish(row, error)
+        self.scalar.clear()
+        self.batch = BatchLoop(self.lm.target, self.drafter)
+        self.mode = Mode.IDLE
+        if drop_caches and self.prompt_cache is not None:
+            self.prompt_cache.clear()

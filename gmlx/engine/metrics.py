@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
+from gmlx.policy.admission import Mode, Round, Transition
+
 
 @dataclass(slots=True)
 class RequestStats:
@@ -83,11 +85,12 @@ class EventKind(Enum):
 @dataclass(frozen=True, slots=True)
 class Event:
     kind: EventKind
-    mode: str  # scalar | batched | gated | plain
+    mode: Mode  # the engine's mode when the event was made
     width: int
     duration_s: float = 0.0
     rows: tuple = ()  # per row: (rid, drafted, accepted, emitted)
-    transition: str | None = None  # preempt | gate | resume | capture
+    round: Round | None = None  # round events: which kind of round ran
+    transition: Transition | None = None
     reason: str | None = None
     rid: int | None = None
     stats: dict | None = None
@@ -104,12 +107,12 @@ class Counters:
     accepted: int = 0
     syncs: int = 0
     listener_errors: int = 0  # listeners that raised (each was removed)
-    transitions: dict = field(default_factory=lambda: {"preempt": 0, "gate": 0, "resume": 0, "capture": 0})
+    transitions: dict[Transition, int] = field(default_factory=lambda: dict.fromkeys(Transition, 0))
 
     def snapshot(self) -> dict:
         return {"rounds": self.rounds, "tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted,
                 "syncs": self.syncs, "listener_errors": self.listener_errors,
-                **{f"transition_{k}": v for k, v in self.transitions.items()}}
+                **{f"transition_{k.value}": v for k, v in self.transitions.items()}}
 
 
 def notify(listeners: list[Callable[[Event], None]], events: list[Event], counters: Counters) -> None:

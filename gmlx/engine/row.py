@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from gmlx.config import SamplingParams
 from gmlx.engine.metrics import RequestStats
+
+if TYPE_CHECKING:
+    from gmlx.decode.verify import RoundResult
 
 
 class RowState(Enum):
@@ -85,6 +89,17 @@ class Row:
     @property
     def is_done(self) -> bool:
         return self.finish_reason is not None
+
+    def take(self, res: "RoundResult", now: float) -> list[Piece]:
+        """Book one round for this row, the one place every lane's results go through: its draft
+        statistics, then emission. A detokenizer or stop-check fault ends this request only."""
+        self.stats.record_round(res.drafted, res.accepted)
+        try:
+            return self.emit(res.tokens, now)
+        except Exception as e:
+            self.finish("error", now)
+            self.error = f"{type(e).__name__}: {e}"
+            return []
 
     def emit(self, candidates: list[int], now: float) -> list[Piece]:
         """Take a round's tokens in order until the request finishes; return what was emitted."""

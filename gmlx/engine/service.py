@@ -1,8 +1,9 @@
 """The engine as a service: the request queue, the streams, the engine thread and shutdown.
 
-`Engine` (gmlx/engine.py) adds what a step does. The service relies on four of its members:
-`lm` and `config` (validation and the queue bound), `speculative` (final records),
-`step()`, `_live_rows()` and `_reset_loops()` (what close() and a fault end), and `mode`.
+The service runs a `Core` (the engine: gmlx/engine/engine.py) through three members and knows
+nothing else of it; the engine uses the service's public methods (pop, deliver, finish, ...).
+All MLX work happens in the engine thread, or in the caller's thread when it drives `step()`
+itself, as tests do.
 """
 
 from __future__ import annotations
@@ -13,46 +14,60 @@ import itertools
 import threading
 import time
 import weakref
+from typing import Protocol
 
 import mlx.core as mx
 
-from gmlx.config import SamplingParams
-from gmlx.errors import EngineBusy, EngineClosed, Overloaded
-from gmlx.engine.intake import make_row
-from gmlx.engine.row import Row, RowState, transition
-from gmlx.policy.admission import Mode
+from gmlx.engine.row import Piece, Row, RowState, transition
 from gmlx.engine.stream import FinalRecord, Stream
+from gmlx.errors import EngineBusy, EngineClosed, Overloaded
 
-_LIVE: "weakref.WeakSet[EngineService]" = weakref.WeakSet()
+_LIVE: "weakref.WeakSet[Service]" = weakref.WeakSet()
 
 
 @atexit.register
-def _close_live_engines() -> None:
+def _close_live_services() -> None:
     """Join engine threads before the interpreter finalises (MLX aborts on live streams)."""
-    for engine in list(_LIVE):
-        engine.close()
+    for service in list(_LIVE):
+        service.close()
 
 
-class EngineService:
-    def _init_service(self) -> None:
+class Core(Protocol):
+    """What the service needs of the engine it runs."""
+
+    @property
+    def busy(self) -> bool:
+        """Rows are being served (a loop is not idle)."""
+
+    def step(self) -> object:
+        """One round."""
+
+    def end_live(self, reason: str, error: str | None = None, drop_caches: bool = False) -> None:
+        """End every row being served with this finish reason; reset the loops."""
+
+
+class Service:
+    def __init__(self, core: Core, max_queued: int, speculative: bool):
+        self.core = core
+        self.max_queued = max_queued
+        self.speculative = speculative  # reported in final records
         self._streams: dict[int, Stream] = {}
         self._ids = itertools.count()
         self._queue: collections.deque[Row] = collections.deque()
-        self._in_transit: list[Row] = []  # popped this step, maybe not in a loop yet (see _fail_live)
+        self._in_transit: list[Row] = []  # popped this step, maybe not in a loop yet (see _fail)
         self._lock = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self.thread: threading.Thread | None = None  # the engine thread, once a submit() started it
         self._closed = False
         _LIVE.add(self)
 
     # ---- caller side -------------------------------------------------------------------
-    def submit(self, prompt: str | list[int], params: SamplingParams | None = None, *, start: bool = True) -> Stream:
-        """Queue a request (thread-safe); returns its stream. Raises GmlxError on bad input."""
-        row = make_row(self.lm, prompt, params)
+    def submit(self, row: Row, start: bool = True) -> Stream:
+        """Queue a validated row (thread-safe); returns its stream."""
         with self._lock:
             if self._closed:
                 raise EngineClosed("the engine is closed; create a new Engine")
-            if len(self._queue) >= self.config.max_queued:
-                raise Overloaded(f"{len(self._queue)} requests are queued (max_queued={self.config.max_queued});"
+            if len(self._queue) >= self.max_queued:
+                raise Overloaded(f"{len(self._queue)} requests are queued (max_queued={self.max_queued});"
                                  " retry later or raise EngineConfig.max_queued")
             row.rid = next(self._ids)
             stream = Stream(row.rid, row.seed)
@@ -60,17 +75,13 @@ class EngineService:
             self._queue.append(row)
             self._lock.notify_all()
         if start:
-            self._ensure_thread()
+            self.start()
         return stream
 
-    def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> FinalRecord:
-        if self._thread is not None and threading.current_thread() is self._thread:
-            raise EngineBusy("generate() from the engine thread (a listener or stop_fn) would wait on itself;"
+    def check_not_engine_thread(self, what: str) -> None:
+        if self.thread is not None and threading.current_thread() is self.thread:
+            raise EngineBusy(f"{what} from the engine thread (a listener or stop_fn) would wait on itself;"
                              " use submit() and read the stream elsewhere")
-        stream = self.submit(prompt, params)
-        for _ in stream:
-            pass
-        return stream.result
 
     def close(self) -> None:
         """End live and queued streams (finish reason "cancelled"), join the engine thread, drop
@@ -79,61 +90,111 @@ class EngineService:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        self.core.end_live("cancelled", drop_caches=True)
         now = time.perf_counter()
-        for row in self._live_rows() + list(self._queue):
+        with self._lock:
+            queued = list(self._queue)
+            self._queue.clear()
+        for row in queued:
             row.finish("cancelled", now)
-            self._deliver_final(row)
-        self._queue.clear()
-        self._reset_loops(drop_caches=True)
+            self.finish(row)
+
+    # ---- engine side -------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Called by the step itself: refuse a closed engine or a foreign driver."""
+        if self._closed:
+            raise EngineClosed("the engine is closed; create a new Engine")
+        if self.thread is not None and threading.current_thread() is not self.thread:
+            raise EngineBusy("the engine thread drives this engine (a submit() started it); do not call step()")
+        self._in_transit = []
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def has_queued(self) -> bool:
+        return bool(self._queue)
+
+    def queued_rows(self) -> list[Row]:
+        """A snapshot of the waiting requests, oldest first."""
+        with self._lock:
+            return list(self._queue)
+
+    def stream(self, rid: int) -> Stream | None:
+        """The open stream of a request (None once its final record went out)."""
+        return self._streams.get(rid)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def pop(self, n: int) -> list[Row]:
+        with self._lock:
+            rows = [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+        self._in_transit += rows
+        return rows
+
+    def pop_cancelled(self) -> list[Row]:
+        """Queued requests whose stream was cancelled, taken out of the queue."""
+        with self._lock:
+            gone = [r for r in self._queue if self._streams[r.rid].cancelled]
+            for r in gone:
+                self._queue.remove(r)
+        return gone
+
+    def cancelled(self, row: Row) -> bool:
+        stream = self._streams.get(row.rid)
+        return stream is not None and stream.cancelled
+
+    def deliver(self, row: Row, pieces: list[Piece]) -> None:
+        self._streams[row.rid]._put(pieces)
+
+    def finish(self, row: Row, error: str | None = None) -> None:
+        """The row's final record ends its stream (once; later calls do nothing)."""
+        if row.state is not RowState.DONE:
+            transition(row, RowState.DONE)
+        stream = self._streams.pop(row.rid, None)
+        if stream is not None:
+            stream._finish(FinalRecord.of(row, self.speculative, error))
 
     # ---- engine thread -----------------------------------------------------------------
-    def _ensure_thread(self) -> None:
+    def start(self) -> None:
+        """Start the engine thread (once; submit() does it unless asked not to)."""
         with self._lock:
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="gmlx-engine", daemon=True)
-                self._thread.start()
+            if self.thread is None and not self._closed:
+                self.thread = threading.Thread(target=self._run, name="gmlx-engine", daemon=True)
+                self.thread.start()
 
     def _run(self) -> None:
         try:
             while True:
                 with self._lock:
-                    while not self._closed and not self._queue and self.mode is Mode.IDLE:
+                    while not self._closed and not self._queue and not self.core.busy:
                         self._lock.wait()
                     if self._closed:
                         return
                 try:
-                    self.step()
+                    self.core.step()
                 except EngineClosed:  # closed between the check above and the step: close() ends the rows
                     return
                 except Exception as e:  # a fault ends the requests being served, never the engine
-                    self._fail_live(e)
+                    self._fail(e)
         finally:
             # MLX requires each thread to destroy its streams before it ends, or the process may
             # abort at exit ("terminate called without an active exception"; mlx#3126, #4327).
             mx.synchronize()
             mx.clear_streams()
 
-    def _fail_live(self, exc: Exception) -> None:
-        """The last resort: end every row being served (and any popped this step but not yet in a
-        loop, so no stream is left waiting); queued requests are served afterwards."""
+    def _fail(self, exc: Exception) -> None:
+        """The last resort: end every row being served, and any popped this step but not yet in a
+        loop, so no stream is left waiting; queued requests are served afterwards."""
+        error = f"{type(exc).__name__}: {exc}"
+        self.core.end_live("error", error)
         now = time.perf_counter()
-        for row in self._live_rows() + self._in_transit:
+        for row in self._in_transit:
             row.finish("error", now)
-            self._deliver_final(row, error=f"{type(exc).__name__}: {exc}")
-        self._reset_loops()
-
-    def _pop(self, n: int) -> list[Row]:
-        with self._lock:
-            rows = [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
-        self._in_transit += rows
-        return rows
-
-    def _deliver_final(self, row: Row, error: str | None = None) -> None:
-        if row.state is not RowState.DONE:
-            transition(row, RowState.DONE)
-        stream = self._streams.pop(row.rid, None)
-        if stream is None:
-            return
-        stream._finish(FinalRecord.of(row, self.speculative, error))
+            self.finish(row, error)

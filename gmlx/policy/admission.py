@@ -2,7 +2,7 @@
 
 The engine describes its state in a `View` once per step; `plan()` returns a `Plan`: which
 transition (if any) happens before this step's round, how many queued requests join, and what
-kind of round runs. The rules are DESIGN §2:
+kind of round runs. The rules are docs/design.md §2:
 
 - Idle: one queued request starts the scalar loop; two or more form a batch.
 - Scalar with waiters: preempt into the batch loop (GMLX_MTP_PREEMPT); the rebuilt batch's
@@ -17,22 +17,26 @@ kind of round runs. The rules are DESIGN §2:
   `resume_min_remaining` tokens of its budget and nothing is admitted this round: first one
   plain round consumes the lookahead without a successor, then a capture round arms the drafter.
 - width == cap speculates; cap 0 is uncapped; cap None ("off") never speculates in a batch.
+
+A plan names its transitions in the order the engine applies them, e.g. (PREEMPT, CAPTURE):
+the scalar request joins an unarmed batch, then a capture round arms it; (FORM_BATCH, GATE): a
+batch formed over the cap decodes plain from its first round.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Mode(Enum):
+class Mode(StrEnum):
     IDLE = "idle"
     SCALAR = "scalar"
     BATCHED = "batched"  # batch loop, drafter armed
     GATED = "gated"  # batch loop, drafter unarmed, plain double-buffered rounds
 
 
-class Round(Enum):
+class Round(StrEnum):
     NONE = "none"
     SCALAR = "scalar"
     SCALAR_LAST = "scalar_last"  # scalar plain decode consuming its lookahead, no successor
@@ -40,6 +44,15 @@ class Round(Enum):
     PLAIN = "plain"  # gated plain round, dispatching its successor
     PLAIN_LAST = "plain_last"  # plain round consuming the lookahead, no successor
     CAPTURE = "capture"
+
+
+class Transition(StrEnum):
+    START_SCALAR = "start_scalar"  # idle -> scalar: one request
+    FORM_BATCH = "form_batch"  # idle -> batch: several requests at once
+    PREEMPT = "preempt"  # scalar -> unarmed batch: waiters join the running request
+    GATE = "gate"  # batch over the cap: drop the drafter, decode plain
+    RESUME = "resume"  # a gated batch back within the cap re-arms (a capture round follows)
+    CAPTURE = "capture"  # an unarmed batch arms: this step's round is a capture round
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ class View:
 
 @dataclass(frozen=True)
 class Plan:
-    transition: str | None  # start_scalar | form_batch | preempt | gate | resume | None
+    transitions: tuple[Transition, ...]  # applied in order before the round
     admit: int  # queued requests to admit before the round
     arm_newcomers: bool  # newcomers join the drafter (batch stays within the cap)
     round: Round
@@ -83,23 +96,27 @@ def plan(v: View) -> Plan:
 
 def _plan_idle(v: View) -> Plan:
     if v.queued == 0:
-        return Plan(None, 0, False, Round.NONE)
+        return Plan((), 0, False, Round.NONE)
     if v.queued == 1:
-        return Plan("start_scalar", 1, False, Round.SCALAR, "one request")
+        return Plan((Transition.START_SCALAR,), 1, False, Round.SCALAR, "one request")
     armed = v.speculative and allows(v.cap, v.queued)
-    kind = Round.SPECULATIVE if armed else Round.PLAIN
-    return Plan("form_batch", v.queued, armed, kind, f"{v.queued} requests, cap {_cap_str(v.cap)}")
+    reason = f"{v.queued} requests, cap {_cap_str(v.cap)}"
+    if armed:
+        return Plan((Transition.FORM_BATCH,), v.queued, True, Round.SPECULATIVE, reason)
+    return Plan((Transition.FORM_BATCH, *_gate_if(v)), v.queued, False, Round.PLAIN, reason)
 
 
 def _plan_scalar(v: View) -> Plan:
     if v.queued == 0 or not v.preempt:
-        return Plan(None, 0, False, Round.SCALAR)
+        return Plan((), 0, False, Round.SCALAR)
     if v.scalar_lookahead:  # consume the plain decoder's in-flight step before moving the request
-        return Plan(None, 0, False, Round.SCALAR_LAST, "hold preempt one round: consume the plain lookahead")
+        return Plan((), 0, False, Round.SCALAR_LAST, "hold preempt one round: consume the plain lookahead")
     width = 1 + v.queued
     if v.speculative and allows(v.cap, width):
-        return Plan("preempt", v.queued, False, Round.CAPTURE, f"{v.queued} waiting; width {width} within the cap")
-    return Plan("preempt", v.queued, False, Round.PLAIN, f"{v.queued} waiting; width {width} over the cap")
+        return Plan((Transition.PREEMPT, Transition.CAPTURE), v.queued, False, Round.CAPTURE,
+                    f"{v.queued} waiting; width {width} within the cap")
+    return Plan((Transition.PREEMPT, *_gate_if(v)), v.queued, False, Round.PLAIN,
+                f"{v.queued} waiting; width {width} over the cap")
 
 
 def _plan_batch(v: View) -> Plan:
@@ -107,26 +124,32 @@ def _plan_batch(v: View) -> Plan:
     if v.queued:
         width = v.width + v.queued
         if not armed and v.lookahead:
-            return Plan(None, 0, False, Round.PLAIN_LAST, "admission held: consume the plain lookahead")
+            return Plan((), 0, False, Round.PLAIN_LAST, "admission held: consume the plain lookahead")
         within = v.speculative and allows(v.cap, width)
         if armed and not within:
-            return Plan("gate", v.queued, False, Round.PLAIN, f"admission to width {width} over cap {_cap_str(v.cap)}")
+            return Plan((Transition.GATE,), v.queued, False, Round.PLAIN, f"admission to width {width} over cap {_cap_str(v.cap)}")
         if armed:
-            return Plan(None, v.queued, True, Round.SPECULATIVE, f"admission to width {width}")
-        return Plan(None, v.queued, False, Round.PLAIN, f"admission to width {width} (gated)")
+            return Plan((), v.queued, True, Round.SPECULATIVE, f"admission to width {width}")
+        return Plan((), v.queued, False, Round.PLAIN, f"admission to width {width} (gated)")
     if armed:
         if v.speculative and allows(v.cap, v.width):
-            return Plan(None, 0, False, Round.SPECULATIVE)
-        return Plan("gate", 0, False, Round.PLAIN, f"width {v.width} over cap {_cap_str(v.cap)}")
+            return Plan((), 0, False, Round.SPECULATIVE)
+        return Plan((Transition.GATE,), 0, False, Round.PLAIN, f"width {v.width} over cap {_cap_str(v.cap)}")
     # A consuming round emits one more token per row before the capture, so count it in.
     remaining_at_capture = v.min_remaining - (1 if v.lookahead else 0)
     can_resume = (v.speculative and v.resume and allows(v.cap, v.width)
                   and remaining_at_capture >= v.resume_min_remaining)
     if not can_resume:
-        return Plan(None, 0, False, Round.PLAIN)
+        return Plan((), 0, False, Round.PLAIN)
     if v.lookahead:
-        return Plan(None, 0, False, Round.PLAIN_LAST, "resume: consume the plain lookahead")
-    return Plan("resume", 0, False, Round.CAPTURE, f"width {v.width} within cap {_cap_str(v.cap)}")
+        return Plan((), 0, False, Round.PLAIN_LAST, "resume: consume the plain lookahead")
+    return Plan((Transition.RESUME, Transition.CAPTURE), 0, False, Round.CAPTURE,
+                f"width {v.width} within cap {_cap_str(v.cap)}")
+
+
+def _gate_if(v: View) -> tuple[Transition, ...]:
+    """A new batch over the cap starts gated; without a drafter there is nothing to gate."""
+    return (Transition.GATE,) if v.speculative else ()
 
 
 def _cap_str(cap: int | None) -> str:

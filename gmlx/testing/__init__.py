@@ -1,5 +1,5 @@
 """Test and benchmark helpers shipped with the package: drive the loops without the engine
-thread, compare streams tie-aware (DESIGN §3), script drafts to force acceptance counts,
+thread, compare streams tie-aware (docs/design.md §3), script drafts to force acceptance counts,
 and poison a target's logits to test fault isolation."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gmlx.sampling import RowSampling, filter_logprobs, gumbel_noise
 from gmlx.drafters.base import DraftPick, Drafter
 from gmlx.drafters.mtp import MTPDrafter
 from gmlx.drafters.select import select_drafter
-from gmlx.decode.scalar import PlainDecoder, ScalarLoop
+from gmlx.decode.scalar import ScalarLane
 
 
 def make_row(lm: LoadedModel, prompt: list[int], params: SamplingParams, eos_ids=None) -> Row:
@@ -38,13 +38,15 @@ def run_scalar(lm: LoadedModel, prompt: list[int], params: SamplingParams, *, k:
     row = make_row(lm, prompt, params, eos_ids)
     if speculative:
         drafter = drafter or select_drafter(lm)
-    loop = ScalarLoop(lm.target, drafter if speculative else None, k)
-    seq = loop.start(row, RowSampling.from_params([row.params], [row.seed]))
-    plain = None if speculative else PlainDecoder(lm.target, seq)
+    return decode_alone(ScalarLane(lm.target, drafter if speculative else None, k), row)
+
+
+def decode_alone(lane: ScalarLane, row: Row) -> Row:
+    """Run one row through a scalar lane to its end, in this thread."""
+    lane.start(row)
     while not row.is_done:
-        res = plain.round() if plain is not None else loop.round(seq)
-        row.stats.record_round(res.drafted, res.accepted)
-        row.emit(res.tokens, time.perf_counter())
+        row.take(lane.round(), time.perf_counter())
+    lane.clear()
     return row
 
 

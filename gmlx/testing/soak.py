@@ -50,13 +50,13 @@ class Watch:
 
     def listener(self, eng: Engine):
         def on(ev: Event) -> None:
-            # Runs in the engine thread inside step(), so eng._caps is this round's decision.
+            # Runs in the engine thread inside step(), so the cap in force is this round's decision.
             self.active_peak = max(self.active_peak, mx.get_active_memory())
             if ev.kind is EventKind.ROUND:
-                self.rounds[ev.mode] += 1
-                cap = eng._caps.cap
+                self.rounds[ev.round] += 1
+                cap = eng.cap_in_force.cap
                 self.rounds_by_cap["off" if cap is None else str(cap)] += 1
-                if ev.mode == "speculative" and not allows(cap, ev.width):
+                if ev.round == "speculative" and not allows(cap, ev.width):
                     self.cap_violations.append({"cap": cap, "width": ev.width})
             elif ev.kind is EventKind.TRANSITION:
                 self.transitions[ev.transition] += 1

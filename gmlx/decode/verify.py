@@ -1,0 +1,46 @@
+"""The acceptance rule, once, for both lanes, and what a round hands back to emission.
+
+A verify forward of [bonus, d_n..d_{n+k-1}] samples the target's own tokens t_n..t_{n+k} at
+their absolute positions (position-keyed noise, gmlx.sampling). Row b accepts
+
+    a_b = max{i : d_{n+j} == t_{n+j} for all j < i}          (accept iff equal)
+
+and emits t_n..t_{n+a_b}: the a_b accepted drafts, which equal the target's tokens, then the
+bonus t_{n+a_b}. Every emitted token is the target's own sample, so the stream is exactly the
+plain stream whatever the drafter proposed; the k - a_b rejected positions are trimmed from the
+row's KV. A FAULT target (-1) never equals a draft, so acceptance stops there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(slots=True)
+class RoundResult:
+    tokens: list[int]  # candidates to emit, in order
+    drafted: int
+    accepted: int
+
+
+def accepted_counts(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Leading matches per row: drafts [B, k], targets [B, k+1] -> [B] int64."""
+    k = drafts.shape[1]
+    return np.cumprod(drafts == targets[:, :k], axis=1).sum(axis=1)
+
+
+def verified(drafts: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, list[RoundResult]]:
+    """The accepted counts and each row's emitted tokens: the accepted drafts, then the bonus."""
+    k = drafts.shape[1]
+    accepted = accepted_counts(drafts, targets)
+    rows = targets.tolist()  # sync: none, numpy data already on the host
+    counts = accepted.tolist()  # sync: none, numpy data
+    return accepted, [RoundResult(tokens=t[: a + 1], drafted=k, accepted=a) for t, a in zip(rows, counts)]
+
+
+def positions(starts: np.ndarray, n: int) -> mx.array:
+    """Absolute positions [B, n] from each row's first position (the noise keys of a round)."""
+    return mx.array(np.asarray(starts, dtype=np.int32)[:, None] + np.arange(n, dtype=np.int32)[None])
