@@ -118,10 +118,10 @@ def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]
     def arm(c) -> str:
         return c.arm + (PARTIAL_MARK if c.partial else "")
 
-    timing = (["arm", "conc", "TTFT p50", "TTFT p95", "ITL p50", "ITL p95", "req tok/s", "agg tok/s"],
+    timing = (["arm", "conc", "TTFT\np50", "TTFT\np95", "ITL\np50", "ITL\np95", "req\ntok/s", "agg\ntok/s"],
               [[arm(c), c.concurrency, c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3, c.itl_p50_s * 1e3, c.itl_p95_s * 1e3,
                 c.tokens_per_s_p50, c.aggregate_tokens_per_s] for c in cells.itertuples()])
-    spec = (["arm", "conc", "accept rate", "mean acc len", *TRANSITIONS],
+    spec = (["arm", "conc", "accept\nrate", "mean\nacc len", *TRANSITIONS],
             [[arm(c), c.concurrency, c.draft_acceptance_rate, c.mean_acceptance_length,
               *(getattr(c, t) for t in TRANSITIONS)] for c in cells.itertuples()])
     return [(SUMMARY_TITLES[0], *timing), (SUMMARY_TITLES[1], *spec)]
