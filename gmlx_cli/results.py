@@ -129,7 +129,7 @@ def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]
 
 def summary_notes(cells: pd.DataFrame, requests: pd.DataFrame) -> list[str]:
     """Lines under the summary: the legend, partial cells, requests that ended at EOS first."""
-    notes = ["req tok/s: median per request after its first token; agg tok/s: all tokens / span",
+    notes = ["req tok/s: median per request after its first token; agg tok/s: tokens / span",
              "accept rate, mean acc len: `-` where nothing was drafted"]
     if cells.partial.any():
         notes.append(f"{PARTIAL_MARK} partial: interrupted before every request and repeat of the cell finished")
@@ -175,18 +175,21 @@ def write_tables(out: Path, prefix: str, payload: dict, tables: dict[str, pd.Dat
         raise ConfigError(f"cannot create the results directory {str(out)!r}: {e}") from None
     base = _stamp(out, prefix)
     paths = {"json": base.with_suffix(".json")}
-    paths["json"].write_text(json.dumps(payload, indent=1, default=str) + "\n")
     m = payload["meta"]["machine"]
     flat = {f"meta_{k}": m.get(k) for k in ("cpu", "cores", "blas", "mlx", "mlx_lm", "gmlx", "git_commit")}
-    for name, df in tables.items():
-        csv = df.copy()
-        for col in csv.columns:
-            if csv[col].map(lambda v: isinstance(v, list)).any():
-                csv[col] = csv[col].map(json.dumps)
-        for k, v in flat.items():
-            csv[k] = v
-        paths[name] = Path(f"{base}-{name}.csv")
-        csv.to_csv(paths[name], index=False)
+    try:  # checked before the run (gmlx_cli.outdir), but a disk can fill up meanwhile
+        paths["json"].write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        for name, df in tables.items():
+            csv = df.copy()
+            for col in csv.columns:
+                if csv[col].map(lambda v: isinstance(v, list)).any():
+                    csv[col] = csv[col].map(json.dumps)
+            for k, v in flat.items():
+                csv[k] = v
+            paths[name] = Path(f"{base}-{name}.csv")
+            csv.to_csv(paths[name], index=False)
+    except OSError as e:
+        raise ConfigError(f"cannot write the results to {str(out)!r}: {e}") from None
     return paths
 
 
@@ -288,8 +291,8 @@ def plot_sweep(summary: list[dict], cap, margin: float, path: Path, why: str | N
                 label=f"first loss: width {lost[0]['width']}")
     if cap is not None and cap != "off":
         ax.axvline(cap, color="tab:red", ls="--", label=f"recommended cap {cap}")
-    head = "no recommendation (interrupted)" if cap is None else f"recommended cap: {cap}"
+    head = "no recommendation (interrupted)" if cap is None else f"recommended cap {cap}"
     caption = head + (f": {why}" if why else "")
     fig.text(0.01, 0.01, "\n".join(textwrap.wrap(caption, 110)), fontsize=7, va="bottom")
     ax.set(xlabel="batch width", ylabel="speculative / plain tokens/s", title="speedup vs width")
-    return _save(plt, fig, (ax,), widths, path, rect=(0, 0.12, 1, 1))
+    return _save(plt, fig, (ax,), widths, path, rect=(0, 0.08, 1, 1))
