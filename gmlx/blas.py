@@ -7,7 +7,8 @@ verify forward costs ~L times a decode step and speculation cannot pay. This mod
 imported before anything imports `mlx.core`; `gmlx/__init__.py` does that first.
 
 Opt out with GMLX_OPENBLAS=0. `active_blas()` reports what is in use; `warn_if_reference()`
-prints one line with the install command when only the reference BLAS is present.
+prints one line with the install command when only the reference BLAS is present; importing
+gmlx after `mlx.core` warns once (RuntimeWarning) instead, since only the import order can fix it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes.util
 import os
 import platform
 import sys
+import warnings
 
 _CANDIDATES = (
     "libopenblas.so.0",
@@ -46,6 +48,7 @@ def ensure_loaded() -> str:
         return "reference"
     if "mlx.core" in sys.modules:
         _state.update(blas="reference", reason="mlx.core was imported before gmlx")
+        _warn_imported_first()
         return "reference"
     for name in _CANDIDATES:
         try:
@@ -56,6 +59,32 @@ def ensure_loaded() -> str:
         return "OpenBLAS"
     _state.update(blas="reference", reason="libopenblas.so.0 not found")
     return "reference"
+
+
+def _warn_imported_first() -> None:
+    """Said once, at `import gmlx`: MLX has already bound its BLAS symbols, so loading OpenBLAS
+    now would change nothing, and the slowdown (about 2x on generation) is otherwise silent."""
+    global _warned
+    _warned = True  # warn_if_reference would say less about the same thing
+    warnings.warn(
+        "gmlx: mlx.core was imported before gmlx, so MLX keeps its bundled reference BLAS: CPU matmuls are much"
+        " slower (generation about half as fast); import gmlx before mlx (or set GMLX_OPENBLAS=0 to choose the"
+        " reference BLAS and silence this)", RuntimeWarning, stacklevel=_import_stacklevel())
+
+
+def _import_stacklevel() -> int:
+    """The stacklevel of the user's `import gmlx`: past gmlx's own frames; importlib's frames are
+    not counted (warnings.warn skips them itself)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if "importlib" in file and "_bootstrap" in file:
+            frame = frame.f_back
+            continue
+        if not frame.f_globals.get("__name__", "").startswith("gmlx"):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
 
 
 def active_blas() -> str:

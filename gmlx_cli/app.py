@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import difflib
 import gc
 import os
 import sys
@@ -88,7 +89,7 @@ def _dispatch(args: list[str], debug: bool) -> int:
     except typer.TyperException as e:  # usage errors from typer's vendored click: bad option, no PROMPT
         ctx = getattr(e, "ctx", None)
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        return _fail(e.format_message() + where, debug, exit_code=e.exit_code)
+        return _fail(_usage_message(e, ctx) + where, debug, exit_code=getattr(e, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt):
         ui.error("interrupted")
         return 130
@@ -103,6 +104,29 @@ def _dispatch(args: list[str], debug: bool) -> int:
     except Exception as e:  # a bug: one line by default, the traceback on request
         hint = "" if debug else " (rerun with --debug for the traceback)"
         return _fail(f"internal error: {type(e).__name__}: {e}{hint}", debug)
+
+
+def close_options(name: str, known: Sequence[str]) -> list[str]:
+    """Options that `name` is plausibly a typo of. Click's own suggestion compares whole strings
+    with difflib's loose default cutoff, so the shared "--" alone nearly qualifies (`--bogus` got
+    `--verbose`); here names are compared without dashes, with a stricter cutoff, or when one
+    name is a prefix of the other (`--temperature` for `--temp`)."""
+    bare = name.lstrip("-").lower()
+    if len(bare) < 2:
+        return []
+    by_bare = {k.lstrip("-").lower(): k for k in known if k.startswith("--")}
+    close = difflib.get_close_matches(bare, by_bare, n=3, cutoff=0.75)
+    prefix = [b for b in by_bare if len(min(b, bare, key=len)) >= 3 and (b.startswith(bare) or bare.startswith(b))]
+    return [by_bare[b] for b in dict.fromkeys(close + prefix)][:3]
+
+
+def _usage_message(e: Exception, ctx) -> str:
+    """Click's message, with our own typo suggestions for an unknown option."""
+    if not (hasattr(e, "option_name") and hasattr(e, "possibilities")) or ctx is None:
+        return e.format_message()
+    known = [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)] + ["--help"]
+    close = close_options(e.option_name, known)
+    return f"no such option: {e.option_name}" + (f" (did you mean {' or '.join(close)}?)" if close else "")
 
 
 def _fail(message: str, debug: bool, exit_code: int = 1) -> int:

@@ -21,17 +21,19 @@ from gmlx import blas
 from gmlx.config import EngineConfig, Switches
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
-from gmlx.engine.intake import make_row
 from gmlx.drafters.select import can_draft
+from gmlx.engine.intake import make_row, tokenize
 from gmlx_cli import generate as _gen
 from gmlx_cli import ui
 from gmlx_cli.baselines import MlxBatchBackend, MlxStreamBackend
+from gmlx_cli.fit import fit_requests
 from gmlx_cli.live import LiveView, print_table
 from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, ConcurrencyOpt, DebugOpt, DrafterOpt, DraftModelOpt,
                               IgnoreEosOpt,
                               JoinAfterOpt, LongTokensOpt, MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt,
                               PromptsFileOpt, RateOpt, RepeatsOpt, RequestsOpt, ResultsJsonOpt, SeedOpt, StaggerOpt,
                               TempOpt, VerifyOpt, WarmupOpt, WidthCapOpt)
+from gmlx_cli.outdir import check_out_dir
 from gmlx_cli.workload import (Arrival, Backend, EngineBackend, build_requests, drive, load_prompt_specs,
                                parse_int_list, parse_token_range)
 
@@ -60,6 +62,7 @@ class Run:
     cap: str = "-"
     outcomes: list = field(default_factory=list)
     transitions: dict = field(default_factory=dict)
+    complete: bool = False  # False: interrupted (or still running); its cell is marked partial
 
 
 def parse_choices(values: list[str], allowed: tuple[str, ...], option: str) -> list[str]:
@@ -111,6 +114,7 @@ def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, ru
                 view.begin(f"{arm.name} c={c} rep {rep}", speculative=arm.speculative, cap=cap)
                 try:
                     drive(backend, requests, ids, c, view.on_event, view.submitted, done=run.outcomes)
+                    run.complete = True
                 finally:
                     run.transitions = backend.transitions()
                 view.end()
@@ -173,6 +177,7 @@ def bench(
     from gmlx_cli import results  # pandas: only when a command needs it
 
     # Every check that needs no model comes first: a typo must not cost a load.
+    check_out_dir(out)
     concs = parse_int_list(concurrency, "--concurrency")
     budget = parse_token_range(max_tokens)
     arr = Arrival(arrival, stagger, rate, join_after, long_tokens).validated()
@@ -183,6 +188,7 @@ def bench(
         raise InvalidRequest(f"--repeats must be >= 1, got {repeats}")
     if requests < 1:
         raise InvalidRequest(f"--requests must be >= 1, got {requests}")
+    seed_drawn = seed is None
     seed = secrets.randbits(31) if seed is None else seed
     specs = load_prompt_specs(prompts)
     reqs = build_requests(specs, requests, arr, budget, temp, seed, ignore_eos)
@@ -191,9 +197,17 @@ def bench(
     env = Switches.from_env()
     blas.warn_if_reference()
     lm = _gen._load_model(model)
-    ids = {r.request_id: make_row(lm, r.prompt, r.params).prompt for r in reqs}  # validates length vs context
+    # The whole workload against the context first: advice that holds for every prompt, not one.
+    ids = {r.request_id: tokenize(lm, r.prompt) for r in reqs}
+    reqs, notices = fit_requests(lm.context_length, reqs, ids, budget, max_tokens, long_tokens)
+    for line in notices:
+        ui.notice(line)
+    for r in reqs:  # the engine's own validation, as submit() will do it
+        make_row(lm, ids[r.request_id], r.params)
     arms = plan_arms(ab, baselines, env, bool(draft_model) or bool(can_draft(lm)))
     human = sys.stderr if json_output else sys.stdout
+    if seed_drawn:  # the workload (budgets, arrivals, sampling) replays only with this seed
+        print(f"seed: {seed} (drawn at random; --seed {seed} replays this workload)", file=human, flush=True)
     view = LiveView(len(arms) * len(concs) * repeats * len(reqs), human)
     runs: list[Run] = []
     interrupted, verdict = False, None
@@ -210,9 +224,10 @@ def bench(
     except KeyboardInterrupt:
         interrupted = True
     req_df = results.requests_frame(runs)
-    cell_df = results.cells_frame(runs, req_df)
+    cell_df = results.cells_frame(runs, req_df, repeats)
     meta = results.metadata(
-        command="bench", model=lm.name, model_path=str(lm.path), seed=seed, interrupted=interrupted, options=options,
+        command="bench", model=lm.name, model_path=str(lm.path), seed=seed, seed_drawn=seed_drawn,
+        interrupted=interrupted, options=options,
         config={"num_draft_tokens": num_draft_tokens, "default_k": lm.default_k,
                 "speculative_width_cap": speculative_width_cap, "arms": [a.__dict__ for a in arms]})
     payload = {"meta": meta, "cells": results.records(cell_df),
@@ -220,10 +235,13 @@ def bench(
                "transitions": results.transitions_by_arm(runs)}
     if verdict is not None:
         payload["verify"] = {"checked": verdict[0], "near_ties": verdict[1], "mismatches": verdict[2]}
+    # The summary first: should writing the files fail, what was measured is still on screen.
+    tables = results.summary_tables(cell_df)
+    for i, table in enumerate(tables):
+        print_table(*table, human, notes=results.summary_notes(cell_df, req_df) if i == len(tables) - 1 else ())
     paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
     if len(cell_df):
         paths["png"] = results.plot_bench(cell_df, paths["json"].with_suffix(".png"))
-    print_table("summary per cell (TTFT, ITL in ms; req tok/s = median per request)", *results.summary_table(cell_df), human)
     print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
     if json_output:
         sys.stdout.write(json.dumps(payload) + "\n")

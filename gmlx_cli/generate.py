@@ -104,7 +104,7 @@ def generate(
     else:
         if record.text and not record.text.endswith("\n"):
             sys.stdout.write("\n")
-        render_stats(record, lm, k, verbose=verbose)
+        render_stats(record, lm, k, verbose=verbose, seed_drawn=seed is None)
     sys.stdout.flush()
 
 
@@ -145,15 +145,20 @@ def as_json(record: FinalRecord, lm: LoadedModel, k: int) -> dict:
     }
 
 
-def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool) -> None:
+def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool, seed_drawn: bool = False) -> None:
+    """The stats block on stderr. A seed drawn at random is always shown: without it the run
+    cannot be repeated."""
     s = record.stats
     ttft = s.get("ttft_s")
+    no_ttft = "- (ended at EOS before the first token)" if record.finish_reason == "stop" else "-"
     rows = [
         ("prompt", f"{s.get('prompt_tokens', len(record.prompt_tokens))} tokens"),
-        ("TTFT", "n/a" if ttft is None else f"{ttft * 1000:.1f} ms"),
+        ("TTFT", no_ttft if ttft is None else f"{ttft * 1000:.1f} ms"),
         ("generation", f"{len(record.tokens)} tokens, {s.get('tokens_per_s', 0.0):.1f} tokens/s"),
     ]
-    if record.speculative:
+    if record.speculative and not s.get("num_drafted", 0):
+        rows.append(("acceptance rate", "- (nothing drafted)"))
+    elif record.speculative:
         rows += [
             ("acceptance rate",
              f"{s.get('draft_acceptance_rate', 0.0):.1%} ({s.get('num_accepted', 0)}/{s.get('num_drafted', 0)} drafts)"),
@@ -168,8 +173,10 @@ def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool)
             ("BLAS", blas.active_blas()),
             ("K (num_draft_tokens)", str(k) if record.speculative else "-"),
             ("mlx / mlx-lm", f"{ui.version_of('mlx')} / {ui.version_of('mlx-lm')}"),
-            ("seed", str(record.seed)),
             ("finish reason", record.finish_reason),
         ]
+    if verbose or seed_drawn:
+        rows.append(("seed", f"{record.seed} (drawn at random; --seed {record.seed} repeats this run)" if seed_drawn
+                     else str(record.seed)))
     print("==========", file=sys.stderr)
     ui.kv_block(rows, file=sys.stderr)

@@ -110,7 +110,8 @@ class LiveView:
             r = self._reqs.pop(ev.rid, None)
             self.completed += 1
             if not self.rich and r is not None:
-                self._line("   " + " ".join(f"{k} {v}" for k, v in zip(_COLUMNS, self._row(r, now)) if k != "state"))
+                line = " ".join(f"{k} {v}" for k, v in zip(_COLUMNS, self._row(r, now)) if k != "state")
+                self._line("   " + line + (" (finished before its first token)" if r.tokens == 0 else ""))
         self._paint()
 
     # -- what is shown -------------------------------------------------------------------------
@@ -173,31 +174,50 @@ class LiveView:
 _COLUMNS = ("id", "state", "tokens", "accept", "mean len", "tok/s", "TTFT")
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], file: TextIO | None = None) -> None:
-    """A summary table: Rich on a terminal, aligned plain text otherwise (greppable, no escapes)."""
+def rich_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]):
+    """A summary table for a terminal: no rules between columns (narrow); a header may hold a
+    line break; a cell that still does not fit folds onto a second line rather than being cut."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold cyan", box=None, pad_edge=False,
+                  padding=(0, 1))
+    for i, c in enumerate(columns):
+        table.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*(_fmt(v) for v in row))
+    return table
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], file: TextIO | None = None,
+                notes: Sequence[str] = ()) -> None:
+    """A summary table: Rich on a terminal, aligned plain text otherwise (greppable, no escapes);
+    `notes` are printed under it as they are."""
     out = file or sys.stdout
-    cells = [[_fmt(v) for v in row] for row in rows]
     if out.isatty():
         from rich.console import Console
-        from rich.table import Table
 
-        table = Table(title=title, title_justify="left", header_style="bold cyan")
-        for i, c in enumerate(columns):
-            table.add_column(c, justify="left" if i == 0 else "right", no_wrap=i == 0)
-        for row in cells:
-            table.add_row(*row)
-        Console(file=out, highlight=False).print(table)
+        console = Console(file=out, highlight=False)
+        console.print(rich_table(title, columns, rows))
+        for line in notes:
+            console.print(line, markup=False)
         return
-    widths = [max(len(str(c)), *(len(r[i]) for r in cells)) if cells else len(str(c)) for i, c in enumerate(columns)]
+    cells = [[_fmt(v) for v in row] for row in rows]
+    heads = [str(c).split("\n") for c in columns]
+    depth = max(len(h) for h in heads)
+    heads = [[""] * (depth - len(h)) + h for h in heads]  # a one-line header sits on the last line
+    widths = [max(*(len(x) for x in h), *(len(r[i]) for r in cells)) for i, h in enumerate(heads)]
     print(title, file=out)
-    for r in [[str(c) for c in columns], *cells]:  # the first column (a name) left, figures right
-        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))), file=out)
+    for r in [[h[d] for h in heads] for d in range(depth)] + cells:  # the first column (a name) left
+        line = "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+        print(line.rstrip(), file=out)
+    for line in notes:
+        print(line, file=out)
     out.flush()
 
 
 def _fmt(v: object) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "-"
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+    if isinstance(v, float):  # three significant digits, at most one decimal, none past 1000
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 1000 else f"{v:.0f}"
     return str(v)

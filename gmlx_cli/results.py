@@ -27,7 +27,7 @@ REQUEST_COLUMNS = {  # name -> dtype: the per-request table's contract (tests ch
     "finish_reason": "object", "seed": "int64", "temperature": "float64", "submit_s": "float64",
     "ttft_s": "float64", "e2e_s": "float64", "tokens_per_s": "float64", "itl_s": "object", "itl_p50_s": "float64",
     "num_drafted": "int64", "num_accepted": "int64", "num_rounds": "int64", "draft_acceptance_rate": "float64",
-    "mean_acceptance_length": "float64",
+    "mean_acceptance_length": "float64", "eos_first": "bool",
 }
 CELL_COLUMNS = {
     "arm": "object", "concurrency": "int64", "speculative": "bool", "switch_preempt": "bool", "switch_resume": "bool",
@@ -35,7 +35,7 @@ CELL_COLUMNS = {
     "itl_p50_s": "float64", "itl_p95_s": "float64", "tokens_per_s_p50": "float64",
     "aggregate_tokens_per_s": "float64", "num_drafted": "int64", "num_accepted": "int64",
     "draft_acceptance_rate": "float64", "mean_acceptance_length": "float64",
-    **{t: "int64" for t in TRANSITIONS},
+    **{t: "int64" for t in TRANSITIONS}, "partial": "bool", "eos_first": "int64",
 }
 
 
@@ -56,6 +56,7 @@ def requests_frame(runs) -> pd.DataFrame:
     for run in runs:
         for o in run.outcomes:
             s, last = o.stats, (o.chunks[-1][0] if o.chunks else math.nan)
+            drafted = s.get("num_drafted", 0)
             rows.append({
                 "arm": run.arm.name, "concurrency": run.concurrency, "repeat": run.repeat,
                 "request_id": o.request.request_id, "prompt_tokens": list(o.prompt_tokens), "tokens": list(o.tokens),
@@ -63,17 +64,22 @@ def requests_frame(runs) -> pd.DataFrame:
                 "max_tokens": o.request.params.max_tokens, "finish_reason": o.finish_reason,
                 "seed": o.request.params.seed, "temperature": float(o.request.params.temperature),
                 "submit_s": o.submit_s, "ttft_s": o.ttft_s, "e2e_s": last - o.submit_s,
-                "tokens_per_s": o.tokens_per_s, "itl_s": o.itl_s, "itl_p50_s": _q(o.itl_s, 0.5),
-                "num_drafted": s.get("num_drafted", 0), "num_accepted": s.get("num_accepted", 0),
-                "num_rounds": s.get("num_rounds", 0), "draft_acceptance_rate": s.get("draft_acceptance_rate", 0.0),
-                "mean_acceptance_length": s.get("mean_acceptance_length", 0.0)})
+                # A rate needs two tokens: an undefined one is NaN, so medians skip it instead of counting 0.
+                "tokens_per_s": o.tokens_per_s if len(o.tokens) > 1 else math.nan,
+                "itl_s": o.itl_s, "itl_p50_s": _q(o.itl_s, 0.5),
+                "num_drafted": drafted, "num_accepted": s.get("num_accepted", 0), "num_rounds": s.get("num_rounds", 0),
+                # Nothing drafted (plain arm, over the cap, EOS first): no acceptance to report, not 0.
+                "draft_acceptance_rate": s.get("draft_acceptance_rate", 0.0) if drafted else math.nan,
+                "mean_acceptance_length": s.get("mean_acceptance_length", 0.0) if drafted else math.nan,
+                "eos_first": o.finish_reason == "stop" and not o.tokens})
     df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
     return df.astype({k: v for k, v in REQUEST_COLUMNS.items() if v != "object"})
 
 
-def cells_frame(runs, requests: pd.DataFrame) -> pd.DataFrame:
+def cells_frame(runs, requests: pd.DataFrame, repeats: int | None = None) -> pd.DataFrame:
     """One row per (arm, concurrency): percentiles over all its requests and repeats; aggregate
-    tok/s is the median over repeats of (tokens / first submit to last token)."""
+    tok/s is the median over repeats of (tokens / first submit to last token). `partial`: a run
+    of the cell was cut off, or fewer than `repeats` ran (an interrupt)."""
     out = []
     keys = dict.fromkeys((r.arm, r.concurrency) for r in runs)
     for arm, c in keys:
@@ -92,23 +98,51 @@ def cells_frame(runs, requests: pd.DataFrame) -> pd.DataFrame:
             "ttft_p50_s": _q(req.ttft_s, 0.5), "ttft_p95_s": _q(req.ttft_s, 0.95), "itl_p50_s": _q(itl, 0.5),
             "itl_p95_s": _q(itl, 0.95), "tokens_per_s_p50": _q(req.tokens_per_s, 0.5),
             "aggregate_tokens_per_s": _q(agg, 0.5), "num_drafted": drafted, "num_accepted": accepted,
-            "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
-            "mean_acceptance_length": 1 + accepted / rounds if rounds else 0.0,
-            **{t: sum(r.transitions.get(t, 0) for r in mine) for t in TRANSITIONS}})
+            "draft_acceptance_rate": accepted / drafted if drafted else math.nan,
+            "mean_acceptance_length": 1 + accepted / rounds if rounds else math.nan,
+            **{t: sum(r.transitions.get(t, 0) for r in mine) for t in TRANSITIONS},
+            "partial": not all(r.complete for r in mine) or (repeats is not None and len(mine) < repeats),
+            "eos_first": int(req.eos_first.sum())})
     df = pd.DataFrame(out, columns=list(CELL_COLUMNS))
     return df.astype({k: v for k, v in CELL_COLUMNS.items() if v != "object"})
 
 
-def summary_table(cells: pd.DataFrame) -> tuple[list[str], list[list]]:
-    """The printed per-cell summary: times in ms; acceptance (vLLM's draft_acceptance_rate and
-    mean_acceptance_length, named so in the files) only where the arm speculates."""
-    cols = ["arm", "conc", "TTFT p50", "TTFT p95", "ITL p50", "ITL p95", "req tok/s", "agg tok/s", "accept rate",
-            "mean acc len", "preempt/gate/resume/capture"]
-    rows = [[c.arm, c.concurrency, c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3, c.itl_p50_s * 1e3, c.itl_p95_s * 1e3,
-             c.tokens_per_s_p50, c.aggregate_tokens_per_s, c.draft_acceptance_rate if c.speculative else None,
-             c.mean_acceptance_length if c.speculative else None, "/".join(str(getattr(c, t)) for t in TRANSITIONS)]
-            for c in cells.itertuples()]
-    return cols, rows
+PARTIAL_MARK = "*"
+SUMMARY_TITLES = ("summary per cell: latency (ms) and throughput (tok/s)", "summary per cell: speculation")
+
+
+def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]]]:
+    """The printed per-cell summary as two narrow tables (each fits 80 columns with the longest arm
+    name): times in ms; acceptance (vLLM's draft_acceptance_rate and mean_acceptance_length, named
+    so in the files) is `-` wherever nothing was drafted. A partial cell's arm carries a `*`."""
+    def arm(c) -> str:
+        return c.arm + (PARTIAL_MARK if c.partial else "")
+
+    timing = (["arm", "conc", "TTFT\np50", "TTFT\np95", "ITL\np50", "ITL\np95", "req\ntok/s", "agg\ntok/s"],
+              [[arm(c), c.concurrency, c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3, c.itl_p50_s * 1e3, c.itl_p95_s * 1e3,
+                c.tokens_per_s_p50, c.aggregate_tokens_per_s] for c in cells.itertuples()])
+    spec = (["arm", "conc", "accept\nrate", "mean\nacc len", *TRANSITIONS],
+            [[arm(c), c.concurrency, c.draft_acceptance_rate, c.mean_acceptance_length,
+              *(getattr(c, t) for t in TRANSITIONS)] for c in cells.itertuples()])
+    return [(SUMMARY_TITLES[0], *timing), (SUMMARY_TITLES[1], *spec)]
+
+
+def summary_notes(cells: pd.DataFrame, requests: pd.DataFrame) -> list[str]:
+    """Lines under the summary: the legend, partial cells, requests that ended at EOS first."""
+    notes = ["req tok/s: median per request after its first token; agg tok/s: tokens / span",
+             "accept rate, mean acc len: `-` where nothing was drafted"]
+    if cells.partial.any():
+        notes.append(f"{PARTIAL_MARK} partial: interrupted before every request and repeat of the cell finished")
+    eos = {}  # request ids -> the cells where exactly those ended at EOS first
+    for c in cells.itertuples():
+        mine = requests[(requests.arm == c.arm) & (requests.concurrency == c.concurrency) & requests.eos_first]
+        if len(mine):
+            eos.setdefault(tuple(sorted(set(mine.request_id))), []).append(f"{c.arm} c={c.concurrency}")
+    for ids, where in eos.items():
+        n, scope = len(ids), "every cell" if len(where) == len(cells) else ", ".join(where)
+        notes.append(f"request{'s' if n > 1 else ''} {', '.join(map(str, ids))} ended at EOS before"
+                     f" {'their' if n > 1 else 'its'} first token ({scope}): no TTFT or tok/s, left out of those")
+    return notes
 
 
 def transitions_by_arm(runs) -> dict[str, dict[str, int]]:
@@ -141,18 +175,21 @@ def write_tables(out: Path, prefix: str, payload: dict, tables: dict[str, pd.Dat
         raise ConfigError(f"cannot create the results directory {str(out)!r}: {e}") from None
     base = _stamp(out, prefix)
     paths = {"json": base.with_suffix(".json")}
-    paths["json"].write_text(json.dumps(payload, indent=1, default=str) + "\n")
     m = payload["meta"]["machine"]
     flat = {f"meta_{k}": m.get(k) for k in ("cpu", "cores", "blas", "mlx", "mlx_lm", "gmlx", "git_commit")}
-    for name, df in tables.items():
-        csv = df.copy()
-        for col in csv.columns:
-            if csv[col].map(lambda v: isinstance(v, list)).any():
-                csv[col] = csv[col].map(json.dumps)
-        for k, v in flat.items():
-            csv[k] = v
-        paths[name] = Path(f"{base}-{name}.csv")
-        csv.to_csv(paths[name], index=False)
+    try:  # checked before the run (gmlx_cli.outdir), but a disk can fill up meanwhile
+        paths["json"].write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        for name, df in tables.items():
+            csv = df.copy()
+            for col in csv.columns:
+                if csv[col].map(lambda v: isinstance(v, list)).any():
+                    csv[col] = csv[col].map(json.dumps)
+            for k, v in flat.items():
+                csv[k] = v
+            paths[name] = Path(f"{base}-{name}.csv")
+            csv.to_csv(paths[name], index=False)
+    except OSError as e:
+        raise ConfigError(f"cannot write the results to {str(out)!r}: {e}") from None
     return paths
 
 
@@ -177,14 +214,15 @@ def plot_bench(cells: pd.DataFrame, path: Path) -> Path:
     return _save(plt, fig, (a, b), sorted(cells.concurrency.unique()), path)
 
 
-def _save(plt, fig, axes, ticks: list, path: Path) -> Path:
-    """Log-2 x axes ticked at the measured points, grid and legend; write the PNG."""
+def _save(plt, fig, axes, ticks: list, path: Path, rect=(0, 0, 1, 1)) -> Path:
+    """Log-2 x axes ticked at the measured points, grid and legend; write the PNG (`rect`: the
+    part of the figure the axes may fill, the rest kept for a caption)."""
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -221,25 +259,40 @@ def sweep_summary(df: pd.DataFrame, widths: list[int], ks: list[int]) -> list[di
     return out
 
 
-def sweep_table(summary: list[dict], ks: list[int], margin: float) -> tuple[list[str], list[list]]:
+def sweep_table(summary: list[dict], ks: list[int], margin: float,
+                at_cap: list[str] | None = None) -> tuple[list[str], list[list]]:
+    """Per width: tok/s and speedup per K, whether the best K beat plain by the margin ("wins"),
+    and what the recommended cap runs there ("at cap": spec, plain, or scalar at width 1)."""
     cols = ["width", "plain tok/s"] + [c for k in ks for c in (f"K={k} tok/s", f"K={k} speedup")] + ["best K", "wins"]
     rows = [[r["width"], r["plain_tokens_per_s"]]
             + [v for k in ks for v in (r["spec"].get(k, {}).get("tokens_per_s"), r["spec"].get(k, {}).get("speedup"))]
             + [r["best_k"], "yes" if r["speedup"] >= margin else "no"] for r in summary]
+    if at_cap is not None:
+        cols.append("at cap")
+        rows = [row + [a] for row, a in zip(rows, at_cap)]
     return cols, rows
 
 
-def plot_sweep(summary: list[dict], cap, margin: float, path: Path) -> Path:
+def plot_sweep(summary: list[dict], cap, margin: float, path: Path, why: str | None = None) -> Path:
+    """Speedup per width and K against the margin; the recommended cap and, as the caption, why
+    (the same sentence the command prints). cap None: no recommendation (interrupted)."""
+    import textwrap
+
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     widths = [r["width"] for r in summary]
     for k in sorted({k for r in summary for k in r["spec"]}):
         ax.plot(widths, [r["spec"].get(k, {}).get("speedup", math.nan) for r in summary], marker="o", label=f"K={k}")
     ax.axhline(1.0, color="grey", lw=1)
     ax.axhline(margin, color="grey", ls=":", lw=1, label=f"margin {margin:g}")
-    if cap != "off":
+    lost = [r for r in summary if r["width"] >= 2 and not r["speedup"] >= margin]
+    if lost:  # the first batch width that lost bounds the cap
+        ax.plot([lost[0]["width"]], [lost[0]["speedup"]], "x", color="tab:red", ms=12, mew=2,
+                label=f"first loss: width {lost[0]['width']}")
+    if cap is not None and cap != "off":
         ax.axvline(cap, color="tab:red", ls="--", label=f"recommended cap {cap}")
-    else:
-        ax.text(0.5, 0.92, 'recommended cap: "off" (speculation never wins)', transform=ax.transAxes, ha="center")
+    head = "no recommendation (interrupted)" if cap is None else f"recommended cap {cap}"
+    caption = head + (f": {why}" if why else "")
+    fig.text(0.01, 0.01, "\n".join(textwrap.wrap(caption, 110)), fontsize=7, va="bottom")
     ax.set(xlabel="batch width", ylabel="speculative / plain tokens/s", title="speedup vs width")
-    return _save(plt, fig, (ax,), widths, path)
+    return _save(plt, fig, (ax,), widths, path, rect=(0, 0.08, 1, 1))

@@ -27,9 +27,11 @@ from gmlx.engine.metrics import EventKind
 from gmlx.drafters.select import can_draft
 from gmlx_cli import generate as _gen
 from gmlx_cli import ui
+from gmlx_cli.fit import check_prompts, fit_requests, max_tokens_error
 from gmlx_cli.live import LiveView, print_table
 from gmlx_cli.options import (DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt, OutDirOpt, PromptsFileOpt, RepeatsOpt,
                               ResultsJsonOpt, WarmupOpt)
+from gmlx_cli.outdir import check_out_dir
 from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
 
 DEFAULT_WIDTHS = "1,2,3,4,6,8,12,16"
@@ -78,6 +80,38 @@ def recommend(summary: list[dict], margin: float) -> int | str:
     return cap
 
 
+def _x(speedup: float) -> str:
+    return f"{speedup:.2f}x" if speedup == speedup else "an unmeasured speedup"  # NaN: no paired ratio
+
+
+def explain(summary: list[dict], margin: float, cap: int | str) -> str:
+    """Why `recommend` chose `cap`, in the terms of the table: the first batch width that lost (its
+    speedup against the margin), and any wider one that won but lies beyond that loss."""
+    batch = sorted((r for r in summary if r["width"] >= 2), key=lambda r: r["width"])
+    if not batch:
+        return ("no batch width >= 2 was measured (width 1 runs the scalar loop, which the cap does not gate);"
+                " add wider batches to --widths")
+    lost = next((r for r in batch if not r["speedup"] >= margin), None)
+    if lost is None:
+        return f"speculation beat plain by the {margin:g}x margin at every measured width up to {cap}"
+    why = f"at width {lost['width']} speculation ran at {_x(lost['speedup'])} plain, below the {margin:g}x margin"
+    if cap != caps.OFF:
+        why = f"speculation won at every width up to {cap}; {why}"
+    later = [r for r in batch if r["width"] > lost["width"] and r["speedup"] >= margin]
+    if later:
+        won = ", ".join(f"{r['width']} ({_x(r['speedup'])})" for r in later)
+        why += (f"; width{'s' if len(later) > 1 else ''} {won} won, but a cap speculates at every width up to it,"
+                f" so none can be kept without width {lost['width']}")
+    return why
+
+
+def at_cap(width: int, cap: int | str) -> str:
+    """What the batch runs at this width under `cap` (the table's "at cap" column)."""
+    if width < 2:
+        return "scalar"  # one request: the scalar loop, which always speculates
+    return "spec" if cap != caps.OFF and width <= cap else "plain"
+
+
 def sweep_cap(
     model: ModelOpt = None,
     draft_model: DraftModelOpt = None,
@@ -106,6 +140,7 @@ def sweep_cap(
 
     ws = sorted(parse_int_list(widths, "--widths"))
     ks_given = parse_int_list(num_draft_tokens, "--num-draft-tokens") if num_draft_tokens is not None else None
+    check_out_dir(out)
     if max_tokens < 2:
         raise InvalidRequest(f"--max-tokens must be >= 2 for a steady state, got {max_tokens}")
     if repeats < 1:
@@ -121,6 +156,10 @@ def sweep_cap(
     draft = str(draft_model) if draft_model else None
     ks = ks_given or [lm.default_k]
     ids = [list(lm.tokenizer.encode(s.prompt)) for s in specs]
+    used = [(f"prompt {i + 1}", ids[i]) for i in range(min(len(ids), max(ws)))]  # measure() cycles through these
+    check_prompts(lm.context_length, used)
+    if lm.context_length is not None and any(len(p) + max_tokens > lm.context_length for _, p in used):
+        raise max_tokens_error("--max-tokens", str(max_tokens), lm.context_length, used)
     human = sys.stderr if json_output else sys.stdout
     arms = [("plain", None)] + [("spec", k) for k in ks]
 
@@ -153,10 +192,10 @@ def sweep_cap(
                "per_width": [{**r, "spec": {str(k): v for k, v in r["spec"].items()}} for r in summary],
                "measurements": results.records(df), "recommended_cap": cap, "written": None, "validate": None}
     if cap is not None:
+        payload["recommendation"] = explain(summary, margin, cap)
         print_table("speculative vs plain, aggregate tokens/s (steady state, medians)",
-                    *results.sweep_table(summary, ks, margin), human)
-        print(f"recommended speculative_width_cap: {cap}" + (" (speculation never wins by the margin)"
-                                                            if cap == caps.OFF else ""), file=human, flush=True)
+                    *results.sweep_table(summary, ks, margin, [at_cap(r["width"], cap) for r in summary]), human)
+        print(f"recommended speculative_width_cap: {cap} ({payload['recommendation']})", file=human, flush=True)
         k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and r["width"] <= cap}
         if write:
             path = caps.write_cap(mkey, cap, k_by_width=k_by_width if len(ks) > 1 else None, machine=machine)
@@ -167,8 +206,8 @@ def sweep_cap(
                                     human, drafter, draft)
     paths = results.write_tables(out, "sweep", payload, {"measurements": df})
     if summary:
-        paths["png"] = results.plot_sweep(summary, cap if cap is not None else caps.OFF, margin,
-                                          paths["json"].with_suffix(".png"))
+        paths["png"] = results.plot_sweep(summary, cap, margin, paths["json"].with_suffix(".png"),
+                                          payload.get("recommendation"))
     print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
     if json_output:
         sys.stdout.write(json.dumps(payload, default=str) + "\n")
@@ -191,9 +230,12 @@ def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats
         ui.notice('--validate at cap "off" needs --write (the engine takes "off" from the user config only); skipped')
         return False
     n = (cap if isinstance(cap, int) and cap > 0 else 2) + 2  # the waiters overflow the cap: gate, then resume
-    reqs = build_requests(specs, n, Arrival("join-late", join_after_s=0.0, long_tokens=4 * max_tokens),
-                          (max(1, max_tokens // 2), max_tokens), 0.0, seed, ignore_eos=True)
+    budget = (max(1, max_tokens // 2), max_tokens)
+    reqs = build_requests(specs, n, Arrival("join-late", join_after_s=0.0), budget, 0.0, seed, ignore_eos=True)
     ids = {r.request_id: list(lm.tokenizer.encode(r.prompt)) for r in reqs}
+    reqs, notices = fit_requests(lm.context_length, reqs, ids, budget, str(max_tokens))  # 4 x: lowered to fit
+    for line in notices:
+        ui.notice(line)
     arms = plan_arms("both", [], Switches(), True)
     config = EngineConfig(width_cap=None if cap == caps.OFF else cap, drafter=drafter, draft_model=draft)
     runs, interrupted = [], False
@@ -203,11 +245,11 @@ def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats
             run_matrix(lm, arms, reqs, ids, [n], repeats, config, view, runs, ignore_eos=True)
     except KeyboardInterrupt:
         interrupted = True
-    cells = results.cells_frame(runs, results.requests_frame(runs))
+    cells = results.cells_frame(runs, results.requests_frame(runs), repeats)
     payload["validate"] = {"cap": cap, "requests": n, "cells": results.records(cells),
                            "transitions": results.transitions_by_arm(runs)}
     print_table(f"validate: join-late, {n} requests at cap {cap}",
                 ["arm", "TTFT p50 ms", "TTFT p95 ms", "agg tok/s", "preempt", "gate", "resume", "capture"],
-                [[c.arm, c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3, c.aggregate_tokens_per_s, c.preempt, c.gate,
-                  c.resume, c.capture] for c in cells.itertuples()], human)
+                [[c.arm + (results.PARTIAL_MARK if c.partial else ""), c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3,
+                  c.aggregate_tokens_per_s, c.preempt, c.gate, c.resume, c.capture] for c in cells.itertuples()], human)
     return interrupted

@@ -27,6 +27,7 @@ from gmlx.errors import InvalidRequest
 from gmlx.engine.metrics import Event, EventKind
 
 ARRIVALS = ("burst", "staggered", "poisson", "join-late")
+DEFAULT_LONG = "default --long-tokens"  # join-late's long budget when no flag or prompts file set it
 
 
 # -- parsing (all before the model load: a typo must not cost one) ---------------------------
@@ -136,6 +137,7 @@ class Request:
     params: SamplingParams  # concrete seed: every arm and repeat replays the same request
     arrival_s: float  # offset from the start of the run
     after_start: bool = False  # join-late waiter: never before the long request has run a round
+    budget_from: str = "--max-tokens"  # what set max_tokens: a flag, "prompts file" or DEFAULT_LONG (for errors)
 
 
 def build_requests(specs: list[PromptSpec], n: int, arrival: Arrival, max_tokens: tuple[int, int],
@@ -149,6 +151,7 @@ def build_requests(specs: list[PromptSpec], n: int, arrival: Arrival, max_tokens
     for i in range(n):
         spec = specs[i % len(specs)]
         budget = spec.max_tokens or rng.randint(*max_tokens)
+        source = "prompts file" if spec.max_tokens else "--max-tokens"
         after = False
         if arrival.kind == "staggered":
             t = i * arrival.stagger_s
@@ -156,12 +159,13 @@ def build_requests(specs: list[PromptSpec], n: int, arrival: Arrival, max_tokens
             t = 0.0 if i == 0 else t + rng.expovariate(arrival.rate)
         elif arrival.kind == "join-late" and i == 0:
             budget = arrival.long_tokens or spec.max_tokens or 4 * max_tokens[1]
+            source = "--long-tokens" if arrival.long_tokens else source if spec.max_tokens else DEFAULT_LONG
         elif arrival.kind == "join-late":
             t, after = arrival.join_after_s, True
         params = SamplingParams(
             temperature=temperature if spec.temperature is None else float(spec.temperature), max_tokens=budget,
             seed=seed + i if spec.seed is None else spec.seed, ignore_eos=ignore_eos).validated()
-        out.append(Request(i, spec.prompt, params, t, after))
+        out.append(Request(i, spec.prompt, params, t, after, source))
     return out
 
 

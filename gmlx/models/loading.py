@@ -17,6 +17,7 @@ the family default applies (`gmlx.models.family`).
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,11 +116,50 @@ def load_beside(path: str | Path, config_name: str, weights_name: str, build):
     cfg_file, w_file = p / config_name, p / weights_name
     if not cfg_file.is_file() or not w_file.is_file():
         return None
-    module = build(json.loads(cfg_file.read_text()))
-    module.load_weights(str(w_file), strict=True)
+    try:
+        module = build(json.loads(cfg_file.read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ModelLoadError(f"{str(cfg_file)!r} is not a valid head config ({_first_line(e)})") from None
+    try:
+        module.load_weights(str(w_file), strict=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise weights_error(w_file, e) from None
     module.eval()
     mx.eval(module.parameters())  # sync: materialise weights at load time
     return module
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def weights_error(file: Path, e: BaseException) -> ModelLoadError:
+    """A weights file that could not be loaded, named: unreadable (truncated, corrupt), or of
+    other names and shapes than its config (a ValueError from a strict load)."""
+    detail = _first_line(e).replace("[load_safetensors] ", "").replace(
+        " Perhaps an incomplete download or corrupt file?", "")
+    if isinstance(e, ValueError):
+        return ModelLoadError(f"the weights file {str(file)!r} does not match its config ({detail})")
+    return ModelLoadError(f"the weights file {str(file)!r} is truncated or corrupt ({detail}); re-download or"
+                          " re-export it")
+
+
+def _unreadable_weights(path: Path) -> Path | None:
+    """The first *.safetensors file in `path` whose header or size is inconsistent (a truncated or
+    corrupt file), read from headers only; None when every file looks whole."""
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n)) if n <= f.stat().st_size else None
+            if not isinstance(header, dict):
+                return f
+            ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+            if 8 + n + max(ends, default=0) > f.stat().st_size:
+                return f
+        except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+            return f
+    return None
 
 
 def load_head(path: Path) -> MTPHead | None:
@@ -138,6 +178,11 @@ def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel
         model, tokenizer, config = mlx_lm.load(str(p), return_config=True)
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelLoadError(f"could not load {str(p)!r} with mlx-lm: {e}") from None
+    except RuntimeError as e:  # MLX's safetensors reader: a truncated or corrupt weights file
+        bad = _unreadable_weights(p)
+        if bad is None and "safetensors" not in str(e):
+            raise
+        raise weights_error(bad or p, e) from None
     gmlx_head = load_head(p) if drafter else None
     native = load_native_head(Checkpoint(p), model, config) if drafter and gmlx_head is None else None
     convention = POST_NORM  # every head below wants the post-norm hidden (BoundHead subclasses say so)
