@@ -119,11 +119,13 @@ def test_special_tokens_and_chat_template(smollm2):
 # ---- weights and logits ---------------------------------------------------------------------
 
 def numpy_dequantize(path, info, data_offset) -> np.ndarray:
-    """A tensor decoded from the file's bytes by GGML's block layout (Q4_1, Q8_0)."""
+    """A tensor decoded from the file's bytes by GGML's block layout (Q4_0, Q4_1, Q8_0)."""
     cols, rows = info.shape
     n = rows * cols // 32
     if info.type == "Q4_1":  # fp16 scale d, fp16 min m, 16 bytes: low nibbles are elements 0-15, high 16-31
         block = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)])
+    elif info.type == "Q4_0":  # fp16 scale d, 16 bytes of nibbles as Q4_1, each value (q - 8) * d
+        block = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
     elif info.type == "Q8_0":  # fp16 scale d, 32 int8
         block = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
     else:
@@ -134,7 +136,7 @@ def numpy_dequantize(path, info, data_offset) -> np.ndarray:
         x = b["qs"].astype(np.float32) * d
     else:
         q = np.concatenate([b["qs"] & 0x0F, b["qs"] >> 4], axis=1).astype(np.float32)
-        x = q * d + b["m"].astype(np.float32)[:, None]
+        x = q * d + b["m"].astype(np.float32)[:, None] if info.type == "Q4_1" else (q - 8) * d
     return x.reshape(rows, cols)
 
 

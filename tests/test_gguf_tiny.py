@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from gmlx.models.gguf import GGUFError, convert_gguf, hf_name, read_origin
+from gmlx.models.gguf import GGUFError, convert_gguf, dequantized, hf_name, quantization, read_origin
+from gmlx.models.gguf_file import load_tensors, read_header
 from gmlx.models.loading import load
 from test_cli import run as cli_run
-from test_gguf import _byte_chars, llama_cpp_permute
+from test_gguf import _byte_chars, llama_cpp_permute, numpy_dequantize
 
 LAYER_SHAPES = {"attn_q": (64, 64), "attn_k": (32, 64), "attn_v": (32, 64), "attn_output": (64, 64),
                 "ffn_gate": (96, 64), "ffn_up": (96, 64), "ffn_down": (64, 96), "attn_norm": (64,), "ffn_norm": (64,)}
@@ -68,13 +69,50 @@ def test_tiny_f16_llama_converts_and_loads(tmp_path, dtype):
     assert mx.isfinite(lm.target.model(mx.array([[5, 6, 7]]))).all().item()
 
 
-def write_raw_gguf(path, tensor_type: int, nbytes: int, arch="llama"):
-    """A one-tensor GGUF of any ggml type (mx.save_gguf writes only float and int tensors)."""
+BLOCKS = {"Q4_0": (2, [("d", "<f2"), ("qs", "u1", 16)]), "Q4_1": (3, [("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)]),
+          "Q8_0": (8, [("d", "<f2"), ("qs", "i1", 32)])}
+
+
+def write_raw_gguf(path, tensors: dict[str, tuple[int, tuple[int, int], bytes]], arch="llama"):
+    """A GGUF of tensors of any ggml type, name -> (type id, (rows, cols), data); mx.save_gguf
+    writes only float and integer tensors."""
     def s(text):
         return struct.pack("<Q", len(text.encode())) + text.encode()
-    out = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + s("general.architecture") + struct.pack("<I", 8) + s(arch)
-    out += s("blk.0.attn_q.weight") + struct.pack("<I", 2) + struct.pack("<QQ", 256, 1) + struct.pack("<IQ", tensor_type, 0)
-    path.write_bytes(out + b"\0" * (-len(out) % 32) + b"\1" * nbytes)
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), 1) + s("general.architecture") + struct.pack("<I", 8) + s(arch)
+    data = b""
+    for name, (type_id, (rows, cols), raw) in tensors.items():
+        out += s(name) + struct.pack("<IQQIQ", 2, cols, rows, type_id, len(data))
+        data += raw + b"\0" * (-len(raw) % 32)
+    path.write_bytes(out + b"\0" * (-len(out) % 32) + data)
+
+
+def random_blocks(kind: str, rows: int, cols: int, rng) -> bytes:
+    """Random GGML blocks of `kind` with finite fp16 scales (and mins)."""
+    type_id, fields = BLOCKS[kind]
+    b = np.zeros(rows * cols // 32, dtype=np.dtype(fields))
+    b["d"] = rng.uniform(0.001, 0.05, b.shape).astype(np.float16)
+    if "m" in b.dtype.names:
+        b["m"] = rng.uniform(-0.2, 0.2, b.shape).astype(np.float16)
+    b["qs"] = rng.integers(-128 if kind == "Q8_0" else 0, 128 if kind == "Q8_0" else 256, b["qs"].shape)
+    return b.tobytes()
+
+
+def test_mlx_reads_each_supported_quantization_as_the_blocks_say(tmp_path):
+    """What the converter relies on: MLX loads Q4_0, Q4_1 and Q8_0 blocks as affine groups of 32
+    whose dequantized values (and bits, read from the shapes) are GGML's."""
+    rng = np.random.default_rng(0)
+    tensors = {f"blk.0.{n}.weight": (BLOCKS[kind][0], (48, 96), random_blocks(kind, 48, 96, rng))
+               for n, kind in (("attn_q", "Q4_0"), ("attn_k", "Q4_1"), ("attn_v", "Q8_0"))}
+    write_raw_gguf(tmp_path / "quants.gguf", tensors)
+    header = read_header(tmp_path / "quants.gguf")
+    raw, _ = load_tensors(tmp_path / "quants.gguf")
+    weights = {hf_name(k): v for k, v in raw.items()}
+    deq = dequantized(weights, mx.float32)
+    assert quantization(weights) == {"group_size": 32, "bits": 4, "mode": "affine",
+                                     "model.layers.0.self_attn.v_proj": {"group_size": 32, "bits": 8}}
+    for info in header.tensors:
+        ref = numpy_dequantize(tmp_path / "quants.gguf", info, header.data_offset)
+        np.testing.assert_allclose(np.array(deq[hf_name(info.name)]), ref, rtol=1e-6, atol=1e-6, err_msg=info.type)
 
 
 def assert_one_line_error(r, *needles):
@@ -89,8 +127,8 @@ def test_unsupported_files_are_one_line_errors(tmp_path):
     run = partial(cli_run, env={"GMLX_CACHE": str(tmp_path / "cache")})
 
     tiny_llama(tmp_path / "gpt2.gguf", arch="gpt2")
-    write_raw_gguf(tmp_path / "q4k.gguf", 12, 144)  # Q4_K: MLX would silently dequantize it to float16
-    write_raw_gguf(tmp_path / "q5.gguf", 6, 22 * 8)  # Q5_0: MLX cannot load it at all
+    write_raw_gguf(tmp_path / "q4k.gguf", {"blk.0.attn_q.weight": (12, (1, 256), b"\1" * 144)})  # MLX: float16
+    write_raw_gguf(tmp_path / "q5.gguf", {"blk.0.attn_q.weight": (6, (1, 256), b"\1" * 22 * 8)})  # MLX fails
     (tmp_path / "text.gguf").write_text("not a model")
     tiny_llama(tmp_path / "bias.gguf", extra=["blk.1.attn_q.bias"])
     assert_one_line_error(run("convert", str(tmp_path / "bias.gguf"), str(tmp_path / "o")), "blk.1.attn_q.bias")
