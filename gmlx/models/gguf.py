@@ -72,8 +72,12 @@ def convert_gguf(src: str | Path, out_dir: str | Path, dtype: str = "q") -> Path
     else:
         weights = dequantized(weights, getattr(mx, dtype))
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would make a model directory private to its writer
+    except OSError as e:
+        raise GGUFError(f"cannot write into {str(out.parent)!r}: {e.strerror or e}") from None
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         write_tokenizer(meta, tmp, config.get("max_position_embeddings"))
@@ -86,12 +90,12 @@ def convert_gguf(src: str | Path, out_dir: str | Path, dtype: str = "q") -> Path
 
 def _publish(tmp: Path, out: Path) -> Path:
     if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()  # rename replaces no directory, not even an empty one, on every platform
+        out.rmdir()  # renaming onto a directory fails on some platforms, even onto an empty one
     try:
         os.rename(tmp, out)
-    except OSError:
-        if not (out / "config.json").is_file():  # not another process's finished conversion
-            raise
+    except OSError as e:
+        if not (out / "config.json").is_file():  # not another process's finished conversion of the same file
+            raise GGUFError(f"cannot create {str(out)!r}: {e.strerror or e}") from None
     return out
 
 
