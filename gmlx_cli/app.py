@@ -17,6 +17,7 @@ import typer
 from gmlx.errors import GmlxError
 from gmlx_cli import ui
 from gmlx_cli.bench import bench
+from gmlx_cli.convert import convert
 from gmlx_cli.doctor import doctor
 from gmlx_cli.generate import generate
 from gmlx_cli.sweep import sweep_cap
@@ -44,6 +45,7 @@ app.command()(doctor)
 app.command()(bench)
 app.command("sweep-cap")(sweep_cap)
 app.command("train-default")(train_default)
+app.command()(convert)
 
 
 def _debug_requested(args: Sequence[str]) -> bool:

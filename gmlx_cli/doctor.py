@@ -10,6 +10,7 @@ from gmlx import blas
 from gmlx.config import EngineConfig, Switches
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError
+from gmlx.models.gguf import describe_origin
 from gmlx.models.loading import default_model_path
 from gmlx.drafters.select import available
 from gmlx_cli import generate as _generate
@@ -66,6 +67,7 @@ def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: D
         [
             ("name", lm.name),
             ("path", str(lm.path)),
+            ("origin", describe_origin(lm.path) or "mlx-lm model directory"),
             ("drafter", _drafter(lm, engine)),
             ("target", f"{'routed-expert (MoE)' if lm.is_moe else 'dense'}, hidden {lm.target.hidden_convention}"),
             ("num_draft_tokens", f"{lm.default_k} (model default)" if engine.speculative else f"{lm.default_k} (unused)"),

@@ -29,8 +29,8 @@ ModelOpt = Annotated[
     Path | None,
     typer.Option(
         "--model",
-        help="Local mlx-lm model directory (an MTP head beside it enables speculation)."
-        " Default: the embedded model.",
+        help="Local mlx-lm model directory (an MTP head beside it enables speculation), or a llama GGUF file"
+        " (converted once into a cache). Default: the embedded model.",
         show_default=False,
     ),
 ]

