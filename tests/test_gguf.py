@@ -18,7 +18,7 @@ from mlx_lm.models import llama
 
 from engine_helpers import drive, solo
 from gmlx import Engine, EngineConfig, SamplingParams
-from gmlx.models.gguf import GGUFError, convert_gguf, hf_name, read_origin
+from gmlx.models.gguf import read_origin
 from gmlx.models.gguf_file import load_tensors, read_header
 from gmlx.models.loading import load
 from gmlx.testing import compare_streams, run_scalar
