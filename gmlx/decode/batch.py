@@ -101,13 +101,17 @@ class BatchLoop:
         assert self.draft is not None and self.lookahead is None
         pick = DraftPick(None, np.array([r.next_position for r in self.rows]))  # greedy across rows
         drafts = self.drafter.draft(self.draft, k, pick, self.cache)  # [B, k]
+        lengths = self.drafter.draft_lengths(self.draft)  # host: rows that drafted fewer than k
+        if lengths is not None:
+            k = int(lengths.max())  # verify no column that no row drafted
+            drafts = drafts[:, :k]
         # Device-only barrier between the draft and verify graphs (measured faster on CPU).
         mx.eval(drafts)  # sync: device barrier, no host read
         inputs = mx.concatenate([self._bonus(), drafts], axis=1)  # [B, k+1]
         logits, hidden = self.target(inputs, self.cache)  # [B, k+1, V], [B, k+1, D]
         targets = sample(logits, self.rs, self._positions(k + 1))  # [B, k+1]
         read = np.array(mx.concatenate([drafts, targets], axis=1))  # sync: the round's one host read
-        accepted, results = verified(read[:, :k], read[:, k:])
+        accepted, results = verified(read[:, :k], read[:, k:], lengths)
         trim_rows(self.cache, k - accepted)
         # A FAULT (-1) target ends its row at emission; the drafter must still never embed it.
         self.drafter.commit(self.draft, k, accepted, hidden, mx.maximum(targets, 0))

@@ -26,19 +26,23 @@ class RoundResult:
     accepted: int
 
 
-def accepted_counts(drafts: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Leading matches per row: drafts [B, k], targets [B, k+1] -> [B] int64."""
+def accepted_counts(drafts: np.ndarray, targets: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
+    """Leading matches per row: drafts [B, k], targets [B, k+1] -> [B] int64; a row that
+    drafted only lengths[b] tokens (the rest padding) accepts at most that many."""
     k = drafts.shape[1]
-    return np.cumprod(drafts == targets[:, :k], axis=1).sum(axis=1)
+    matches = np.cumprod(drafts == targets[:, :k], axis=1).sum(axis=1)
+    return matches if lengths is None else np.minimum(matches, lengths)
 
 
-def verified(drafts: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, list[RoundResult]]:
+def verified(drafts: np.ndarray, targets: np.ndarray,
+             lengths: np.ndarray | None = None) -> tuple[np.ndarray, list[RoundResult]]:
     """The accepted counts and each row's emitted tokens: the accepted drafts, then the bonus."""
     k = drafts.shape[1]
-    accepted = accepted_counts(drafts, targets)
+    accepted = accepted_counts(drafts, targets, lengths)
     rows = targets.tolist()  # sync: none, numpy data already on the host
     counts = accepted.tolist()  # sync: none, numpy data
-    return accepted, [RoundResult(tokens=t[: a + 1], drafted=k, accepted=a) for t, a in zip(rows, counts)]
+    drafted = [k] * len(rows) if lengths is None else lengths.tolist()  # sync: none, numpy data
+    return accepted, [RoundResult(tokens=t[: a + 1], drafted=d, accepted=a) for t, a, d in zip(rows, counts, drafted)]
 
 
 def positions(starts: np.ndarray, n: int) -> mx.array:

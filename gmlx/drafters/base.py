@@ -74,6 +74,12 @@ class Drafter(ABC):
     @abstractmethod
     def draft(self, st: object, k: int, pick: DraftPick, target_cache: list) -> mx.array: ...
 
+    def draft_lengths(self, st: object) -> np.ndarray | None:
+        """Host data: how many of the last `draft`'s k columns each row really drafted (the rest
+        is padding, never accepted); None: every row drafted k. A drafter that finds nothing to
+        propose for a row (prompt lookup without a match) drafts 0 there."""
+        return None
+
     @abstractmethod
     def commit(self, st: object, k: int, accepted: np.ndarray, hidden: mx.array, targets: mx.array) -> None: ...
 
