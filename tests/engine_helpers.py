@@ -10,7 +10,8 @@ from typing import Callable
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.engine.metrics import Event, EventKind
-from gmlx.testing import compare_streams, run_scalar
+from gmlx.testing import run_scalar
+from numerics import compare_tokens, same_stream
 
 import mlx.core as mx  # after gmlx: it loads OpenBLAS first
 
@@ -36,6 +37,11 @@ def solo(lm, prompt, params: SamplingParams) -> list[int]:
     if key not in _SOLO:
         _SOLO[key] = run_scalar(lm, list(prompt), params, speculative=False).tokens
     return _SOLO[key]
+
+
+def matches_solo(lm, prompt, params: SamplingParams, got: list[int]):
+    """Assert `got` is the solo plain stream, tie-aware (see tests/numerics.py)."""
+    return same_stream(lm, prompt, solo(lm, prompt, params), got, params)
 
 
 def with_eos(lm, eos_ids):
@@ -152,7 +158,7 @@ def check_solo(lm, run: Run, labels=None, *, cancelled_prefix: bool = False) -> 
             ref = ref[: len(got)]
         else:
             assert rec.finish_reason in ("length", "stop"), (label, rec.finish_reason, rec.error)
-        c = compare_streams(lm, req.prompt, ref, got, req.params)
+        c = compare_tokens(lm, req.prompt, ref, got, req.params)
         assert c.ok, f"request {label!r} diverged from its solo stream: {c}\nsolo {ref}\ngot  {got}"
         if c.tie:
             ties += 1

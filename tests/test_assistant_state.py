@@ -5,9 +5,10 @@ reads must equal the target layer's K/V of a fresh solo forward over x_0..x_{n-2
 hidden must be that forward's last hidden state, and its pending token the bonus x_{n-1}."""
 
 import mlx.core as mx
-import numpy as np
+import pytest
 from drafter_fixtures import random_assistant
 from engine_helpers import check_solo, drive, solo, with_eos
+from numerics import assert_close
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
@@ -22,6 +23,7 @@ def _solo_inputs(lm, seq, layer):
     return k[..., : len(seq) - 1, :], v[..., : len(seq) - 1, :], hidden[:, -1:]
 
 
+@pytest.mark.numerics
 def test_shared_kv_and_pending_inputs_at_every_draft(lm, prompts):
     lm = with_eos(lm, ())
     drafter = random_assistant(lm)
@@ -37,9 +39,11 @@ def test_shared_kv_and_pending_inputs_at_every_draft(lm, prompts):
             rk, rv, rh = _solo_inputs(lm, seq, drafter.layer)
             n = len(seq) - 1
             assert lengths[b] == n
-            np.testing.assert_allclose(np.array(keys[b : b + 1, :, :n]), np.array(rk), atol=2e-4)
-            np.testing.assert_allclose(np.array(values[b : b + 1, :, :n]), np.array(rv), atol=2e-4)
-            np.testing.assert_allclose(np.array(st.hidden[b : b + 1]), np.array(rh), atol=2e-4)
+            # the engine's K/V and hidden came from batched verify forwards, the reference's from
+            # one solo prefill: equal to within rounding
+            assert_close(keys[b : b + 1, :, :n], rk, msg="keys")
+            assert_close(values[b : b + 1, :, :n], rv, msg="values")
+            assert_close(st.hidden[b : b + 1], rh, msg="hidden")
             assert int(st.tokens[b, 0].item()) == seq[-1]  # sync: test check
             checked["rows"] += 1
         checked["modes"].add(eng.mode.value)

@@ -10,6 +10,7 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.drafters.select import select_drafter
 from gmlx.testing import run_scalar
+from numerics import same_stream
 
 KINDS = ["draft-self", "draft-random", "draft-shipped", "assistant-random", "assistant"]
 
@@ -72,7 +73,7 @@ def test_scalar_equals_plain(lm, prompts, drafts, kind, temp):
         params = SamplingParams(max_tokens=32, temperature=temp, seed=i)
         spec = run_scalar(lm, prompts[20 + i], params, drafter=drafter)
         plain = run_scalar(lm, prompts[20 + i], params, speculative=False)
-        assert spec.tokens == plain.tokens
+        same_stream(lm, prompts[20 + i], plain.tokens, spec.tokens, params)
         if kind == "draft-self" and temp == 0.0:
             assert spec.stats.num_drafted == spec.stats.num_accepted > 0
 

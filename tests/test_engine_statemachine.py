@@ -24,7 +24,7 @@ from gmlx.config import Switches
 from gmlx.engine.metrics import EventKind
 from gmlx.engine.row import ALLOWED, RowState
 from gmlx.policy.admission import Mode
-from gmlx.testing import compare_streams
+from numerics import compare_tokens
 
 ENV = "GMLX_MTP_WIDTH_CAP"
 
@@ -171,7 +171,7 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
                         ref = ref[: len(rec.tokens)]
                     else:
                         assert rec.finish_reason in ("length", "stop"), rec
-                    c = compare_streams(lm, prompt, ref, rec.tokens, params)
+                    c = compare_tokens(lm, prompt, ref, rec.tokens, params)
                     assert c.ok, f"request {rid}: {c}\nsolo {ref}\ngot  {rec.tokens}"
                     assert len(rec.tokens) <= params.max_tokens
                     tally["finished" if rec.finish_reason != "cancelled" else "cancelled"] += 1

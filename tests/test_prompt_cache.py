@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache, RotatingKVCache
+from numerics import assert_close
 
 from gmlx.prompt_cache import PromptCache
 
@@ -38,6 +39,7 @@ def toks(n, seed):
     return np.random.default_rng(seed).integers(0, 256, n).tolist()
 
 
+@pytest.mark.numerics
 def test_reused_prefix_gives_the_same_logits(model):
     prompt = toks(24, 1)
     full, _ = run(model, prompt)
@@ -48,9 +50,10 @@ def test_reused_prefix_gives_the_same_logits(model):
     hit = pc.lookup(prompt)
     assert hit.length == 12 and all(c.offset == 12 for c in hit.caches)
     rest, _ = run(model, prompt[12:], hit.caches)
-    assert np.allclose(np.array(rest), np.array(full[12:]), atol=1e-5)
+    assert_close(rest, full[12:])  # a prefill in two chunks vs one: equal to within rounding
 
 
+@pytest.mark.numerics
 def test_longer_entry_is_trimmed_and_whole_prompt_never_returned(model):
     prompt = toks(16, 3)
     full, caches = run(model, prompt + toks(4, 4))
@@ -59,12 +62,13 @@ def test_longer_entry_is_trimmed_and_whole_prompt_never_returned(model):
     hit = pc.lookup(prompt)  # the entry is longer than the prompt: keep one token to run
     assert hit.length == len(prompt) - 1 and hit.drafter is None
     last, _ = run(model, prompt[-1:], hit.caches)
-    assert np.allclose(np.array(last[-1]), np.array(full[len(prompt) - 1]), atol=1e-5)
+    assert_close(last[-1], full[len(prompt) - 1])
     pc.insert(prompt, caches, drafter=_Drafter(10))
     assert pc.lookup(prompt).length == len(prompt) - 1  # an exact entry too
     assert pc.lookup(prompt[:1]) is None and pc.lookup([]) is None
 
 
+@pytest.mark.numerics
 def test_diverging_entry_shares_its_common_prefix(model):
     a, b = toks(10, 5), toks(10, 6)
     full, _ = run(model, a + b)
@@ -74,7 +78,7 @@ def test_diverging_entry_shares_its_common_prefix(model):
     hit = pc.lookup(a + b)
     assert hit.length == 10 + int(b[0] == toks(7, 7)[0])
     rest, _ = run(model, (a + b)[hit.length:], hit.caches)
-    assert np.allclose(np.array(rest), np.array(full[hit.length:]), atol=1e-5)
+    assert_close(rest, full[hit.length:])
 
 
 def test_hits_are_copies(model):
@@ -91,7 +95,7 @@ def test_hits_are_copies(model):
     second.caches[1].keys[...] = 0
     third = pc.lookup(prompt + [3])
     assert all(c.offset == 12 for c in third.caches)
-    assert all(np.array_equal(np.array(c.keys), r) for c, r in zip(third.caches, ref))
+    assert all(np.array_equal(np.array(c.keys), r) for c, r in zip(third.caches, ref))  # copies: bit-exact
     assert not any(h is s for h in third.caches for s in first.caches + second.caches)
     # The caller's caches are not the stored ones either.
     caches[0].keys[...] = 0

@@ -1,12 +1,12 @@
 """The scalar loop against its oracles: plain decode, mlx-lm's generate_step, cache states."""
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
+from numerics import assert_close, compare_tokens, same_stream
 
 from gmlx.config import SamplingParams
-from gmlx.testing import ScriptedDrafter, compare_streams, run_scalar, visible_window
+from gmlx.testing import ScriptedDrafter, run_scalar, visible_window
 
 N_PROMPTS = 20
 N_TOKENS = 64
@@ -29,8 +29,8 @@ def test_greedy_speculative_equals_plain_equals_mlx_lm(lm, prompts):
         spec = run_scalar(lm, prompt, params, k=3)
         plain = run_scalar(lm, prompt, params, speculative=False)
         ref = mlx_lm_greedy(lm, prompt, N_TOKENS, lm.eos_ids)
-        c1 = compare_streams(lm, prompt, plain.tokens, spec.tokens, params)
-        c2 = compare_streams(lm, prompt, ref, plain.tokens, params)
+        c1 = compare_tokens(lm, prompt, plain.tokens, spec.tokens, params)
+        c2 = compare_tokens(lm, prompt, ref, plain.tokens, params)
         assert c1.ok, (c1, plain.tokens, spec.tokens)
         assert c2.ok, (c2, ref, plain.tokens)
         ties += (not c1.equal) + (not c2.equal)
@@ -45,7 +45,7 @@ def test_greedy_other_k(lm, prompts, k):
     for prompt in prompts[:3]:
         spec = run_scalar(lm, prompt, params, k=k)
         plain = run_scalar(lm, prompt, params, speculative=False)
-        assert compare_streams(lm, prompt, plain.tokens, spec.tokens, params).ok
+        assert compare_tokens(lm, prompt, plain.tokens, spec.tokens, params).ok
 
 
 def test_seeded_sampling_speculative_equals_plain(lm, prompts):
@@ -54,7 +54,7 @@ def test_seeded_sampling_speculative_equals_plain(lm, prompts):
         for prompt in prompts[:4]:
             spec = run_scalar(lm, prompt, params, k=3)
             plain = run_scalar(lm, prompt, params, speculative=False)
-            assert compare_streams(lm, prompt, plain.tokens, spec.tokens, params).ok, (seed, prompt)
+            assert compare_tokens(lm, prompt, plain.tokens, spec.tokens, params).ok, (seed, prompt)
 
 
 def test_different_seeds_give_different_streams(lm, prompts):
@@ -68,7 +68,7 @@ def test_filters_hold_in_speculation(lm, prompts):
                    SamplingParams(max_tokens=32, temperature=1.2, min_p=0.1, seed=5)):
         spec = run_scalar(lm, prompts[1], params, k=3)
         plain = run_scalar(lm, prompts[1], params, speculative=False)
-        assert compare_streams(lm, prompts[1], plain.tokens, spec.tokens, params).ok
+        assert compare_tokens(lm, prompts[1], plain.tokens, spec.tokens, params).ok
 
 
 def test_one_token_prompt(lm):
@@ -76,7 +76,7 @@ def test_one_token_prompt(lm):
     prompt = lm.tokenizer.encode("def")[:1]
     spec = run_scalar(lm, prompt, params, k=3)
     plain = run_scalar(lm, prompt, params, speculative=False)
-    assert compare_streams(lm, prompt, plain.tokens, spec.tokens, params).ok
+    assert compare_tokens(lm, prompt, plain.tokens, spec.tokens, params).ok
     assert spec.stats.num_drafted > 0
 
 
@@ -86,7 +86,7 @@ def test_budget_is_exact(lm, prompts, max_tokens):
     spec = run_scalar(lm, prompts[2], params, k=4, eos_ids=set())
     plain = run_scalar(lm, prompts[2], params, speculative=False, eos_ids=set())
     assert len(spec.tokens) == max_tokens and spec.finish_reason == "length"
-    assert spec.tokens == plain.tokens
+    same_stream(lm, prompts[2], plain.tokens, spec.tokens, params)
 
 
 def test_eos_mid_round_cuts_exactly(lm, prompts):
@@ -96,7 +96,8 @@ def test_eos_mid_round_cuts_exactly(lm, prompts):
         eos = {ref[cut]}
         first = ref.index(ref[cut])
         spec = run_scalar(lm, prompts[3], params, k=3, eos_ids=eos)
-        assert spec.tokens == ref[:first] and spec.finish_reason == "stop"
+        if same_stream(lm, prompts[3], ref[:first], spec.tokens, params).equal:  # else a near-tie
+            assert spec.finish_reason == "stop"
 
 
 def test_stop_string_mid_round(lm, prompts):
@@ -108,9 +109,9 @@ def test_stop_string_mid_round(lm, prompts):
     p2 = SamplingParams(max_tokens=48, seed=0, stop=(stop,))
     spec = run_scalar(lm, prompts[4], p2, k=3, eos_ids=set())
     ref = run_scalar(lm, prompts[4], p2, speculative=False, eos_ids=set())
-    assert spec.finish_reason == "stop"
-    assert spec.text == text[: text.find(stop)]
-    assert spec.tokens == ref.tokens and spec.text == ref.text
+    assert ref.finish_reason == "stop" and ref.text == text[: text.find(stop)]  # plain both: exact
+    if same_stream(lm, prompts[4], ref.tokens, spec.tokens, p2).equal:  # else a near-tie
+        assert spec.finish_reason == "stop" and spec.text == ref.text
     assert stop not in spec.text
 
 
@@ -120,10 +121,12 @@ def _plain_caches(lm, tokens):
     return cache, hidden
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("accept", [0, 1, 2, 3])
 def test_rollback_restores_caches(lm, prompts, accept):
     """Force `accept` accepted drafts per round; after each round the target cache and the head
-    cache hold exactly what a plain run over the same tokens gives."""
+    cache hold what a plain run over the same tokens gives (to within rounding: verify forwards
+    and one prefill have other shapes)."""
     k = 3
     prompt = prompts[5]
     params = SamplingParams(max_tokens=20, seed=0)
@@ -149,21 +152,20 @@ def test_rollback_restores_caches(lm, prompts, accept):
         row.emit(res.tokens, time.perf_counter())
         if row.is_done:
             break
-        if res.drafted == k:
+        sequence = list(prompt) + list(row.tokens)
+        if res.drafted == k and sequence == full[: len(sequence)]:  # (off the script only after a near-tie)
             assert res.accepted == accept
-        seqlen = len(prompt) + len(row.tokens)
-        ref_cache, ref_hidden = _plain_caches(lm, full[: seqlen - 1])
+        ref_cache, ref_hidden = _plain_caches(lm, sequence[:-1])
         for c, rc in zip(seq.cache, ref_cache):
-            assert c.offset == rc.offset == seqlen - 1  # pending bonus: its KV is not cached
-            np.testing.assert_allclose(np.array(c.keys[..., : c.offset, :]), np.array(rc.keys[..., : rc.offset, :]),
-                                       atol=1e-4)
+            assert c.offset == rc.offset == len(sequence) - 1  # pending bonus: its KV is not cached
+            assert_close(c.keys[..., : c.offset, :], rc.keys[..., : rc.offset, :], msg="target keys")
         hc = seq.draft.cache  # the head's ragged one-row cache
         n = int(hc.lengths[0])
         if n:
             from mlx_lm.models.cache import KVCache
 
             ref_h = KVCache()
-            toks = mx.array([full[1 : n + 1]], dtype=mx.int32)
+            toks = mx.array([sequence[1 : n + 1]], dtype=mx.int32)
             lm.head(toks, ref_hidden[:, :n], ref_h)
-            np.testing.assert_allclose(np.array(hc.keys[..., :n, :]), np.array(ref_h.keys[..., :n, :]), atol=1e-4)
-    assert row.tokens == ref
+            assert_close(hc.keys[..., :n, :], ref_h.keys[..., :n, :], msg="head keys")
+    same_stream(lm, prompt, ref, row.tokens, params)

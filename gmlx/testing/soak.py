@@ -133,6 +133,8 @@ def check(lm: LoadedModel, outcomes: list[Outcome]) -> dict:
         if key not in refs:
             refs[key] = run_scalar(lm, rec.prompt_tokens, params, speculative=False)
         ref = refs[key]
+        counts["compared"] += 1  # streams checked token by token (the denominator of the tie rate)
+        counts["compared_tokens"] += len(got)
         c = compare_streams(lm, rec.prompt_tokens, ref.tokens, got, params)
         if c.tie:
             ties.append({"index": o.item.index, "position": c.position, "margin": c.margin})
@@ -199,6 +201,7 @@ def soak(lm: LoadedModel, profile: Profile, seed: int, config_path: str | Path, 
         failures.append(f"end active memory {mem_end['active']} > start {mem_start['active']} * {1 + mem_tolerance}")
     return {"seed": seed, "profile": asdict(profile), "requests": len(items), **verdict["counts"],
             "mismatches": len(verdict["mismatches"]), "ties": len(verdict["ties"]),
+            "ties_per_compared_stream": len(verdict["ties"]) / max(1, verdict["counts"].get("compared", 0)),
             "references": verdict["references"], "cap_flips": res["flips"], "flip_values": res["flip_values"],
             "transitions": {"counters": counted, "events": dict(watch.transitions)},
             "rounds": dict(watch.rounds), "rounds_by_cap": dict(watch.rounds_by_cap),
