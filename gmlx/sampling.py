@@ -24,10 +24,13 @@ take per-row parameters, so one call samples a batch whose rows have different s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+
+from gmlx.compiled import compiled
 
 _M1 = 0x85EBCA6B
 _M2 = 0xC2B2AE35
@@ -68,6 +71,14 @@ class RowSampling:
     any_top_k: bool
     all_greedy: bool
 
+    @property
+    def flags(self) -> tuple[bool, bool, bool]:
+        return (self.any_top_p, self.any_min_p, self.any_top_k)
+
+    @property
+    def arrays(self) -> tuple[mx.array, ...]:
+        return (self.temperature, self.top_p, self.min_p, self.top_k, self.seeds)
+
     @classmethod
     def from_params(cls, params: list, seeds: list[int]) -> "RowSampling":
         t = np.array([p.temperature for p in params], dtype=np.float32)
@@ -86,10 +97,14 @@ class RowSampling:
 
 def filter_logprobs(logprobs: mx.array, rs: RowSampling) -> mx.array:
     """Apply top-p, min-p and top-k per row: logprobs [B, L, V] -> same, removed tokens -inf."""
+    return _filter(logprobs, rs.temperature, rs.top_p, rs.min_p, rs.top_k, *rs.flags)
+
+
+def _filter(logprobs, temperature, top_p, min_p, top_k, any_top_p, any_min_p, any_top_k):
     neg_inf = mx.array(-float("inf"), dtype=logprobs.dtype)
-    if rs.any_top_p:
+    if any_top_p:
         # keep the smallest set whose mass reaches top_p (mlx-lm apply_top_p, per row)
-        top_p = rs.top_p[:, None, None]
+        top_p = top_p[:, None, None]
         sorted_lp = mx.sort(logprobs, axis=-1)
         sorted_p = mx.exp(sorted_lp)
         mass_above = mx.cumsum(sorted_p, axis=-1, reverse=True, inclusive=False)
@@ -98,13 +113,13 @@ def filter_logprobs(logprobs: mx.array, rs: RowSampling) -> mx.array:
         threshold = mx.take_along_axis(sorted_lp, num_dropped, axis=-1)
         active = (top_p > 0) & (top_p < 1)
         logprobs = mx.where(active & (logprobs < threshold), neg_inf, logprobs)
-    if rs.any_min_p:
-        min_p = rs.min_p[:, None, None]
+    if any_min_p:
+        min_p = min_p[:, None, None]
         top = mx.max(logprobs, axis=-1, keepdims=True)
         floor = top + mx.log(mx.maximum(min_p, 1e-30))
         logprobs = mx.where((min_p > 0) & (logprobs < floor), neg_inf, logprobs)
-    if rs.any_top_k:
-        k = rs.top_k[:, None, None]
+    if any_top_k:
+        k = top_k[:, None, None]
         sorted_desc = -mx.sort(-logprobs, axis=-1)
         kth = mx.take_along_axis(sorted_desc, mx.maximum(k - 1, 0), axis=-1)
         logprobs = mx.where((k > 0) & (logprobs < kth), neg_inf, logprobs)
@@ -114,35 +129,64 @@ def filter_logprobs(logprobs: mx.array, rs: RowSampling) -> mx.array:
 FAULT = -1  # the token `sample` returns where the logits are unusable (see `sample`)
 
 
-def sample(logits: mx.array, rs: RowSampling, positions: mx.array) -> mx.array:
-    """The target's tokens: logits [B, L, V], positions [B, L] absolute -> tokens [B, L] int32.
+def sample(logits: mx.array, rs: RowSampling, positions: mx.array | np.ndarray) -> mx.array:
+    """The target's tokens: logits [B, L, V] -> tokens [B, L] int32. `positions`: the absolute
+    positions [B, L] (an mx.array), or each row's first position [B] (host data; the grid is
+    built only when some row samples, since greedy rows need no noise).
 
     A position whose logits hold a NaN or +inf, or are all -inf, gets FAULT instead of a token:
     the fault travels with the round's one host read (no extra sync), emission ends that request
     with an error, and the other rows are untouched. -inf entries alone are legitimate (masked
-    tokens), so they are not a fault. FAULT never equals a draft, so acceptance stops there."""
-    top = mx.max(logits, axis=-1)  # NaN if any entry is NaN; +inf / -inf for the other faults
-    usable = mx.isfinite(top) & ~mx.any(mx.isnan(logits), axis=-1)  # [B, L]
-    return mx.where(usable, _sample_tokens(logits, rs, positions), FAULT)
-
-
-def _sample_tokens(logits: mx.array, rs: RowSampling, positions: mx.array) -> mx.array:
+    tokens), so they are not a fault. FAULT never equals a draft, so acceptance stops there.
+    The whole sampler is one compiled graph per sampling configuration (gmlx.compiled)."""
     if rs.all_greedy:
-        return mx.argmax(logits, axis=-1).astype(mx.int32)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    logprobs = filter_logprobs(logprobs, rs)
-    temp = rs.temperature[:, None, None]
-    safe_t = mx.where(temp > 0, temp, 1.0)
-    noisy = logprobs / safe_t + gumbel_noise(rs.seeds, positions, logits.shape[-1])
-    sampled = mx.argmax(noisy, axis=-1)
-    greedy = mx.argmax(logits, axis=-1)
-    return mx.where(rs.temperature[:, None] > 0, sampled, greedy).astype(mx.int32)
+        return _greedy_checked()(logits)
+    return _sampler(rs.flags, True)(logits, *rs.arrays, _grid(positions, logits.shape[1]))
 
 
-def draft_coupled(logits: mx.array, rs: RowSampling, positions: mx.array) -> mx.array:
+def _grid(positions: mx.array | np.ndarray, n: int) -> mx.array:
+    if isinstance(positions, mx.array):
+        return positions
+    first = np.asarray(positions, dtype=np.int32)
+    return mx.array(first[:, None] + np.arange(n, dtype=np.int32)[None])
+
+
+def _usable(logits: mx.array) -> mx.array:
+    top = mx.max(logits, axis=-1)  # NaN if any entry is NaN; +inf / -inf for the other faults
+    return mx.isfinite(top) & ~mx.any(mx.isnan(logits), axis=-1)  # [B, L]
+
+
+@functools.cache
+def _greedy_checked():
+    def greedy(logits):
+        return mx.where(_usable(logits), mx.argmax(logits, axis=-1).astype(mx.int32), FAULT)
+    return compiled(greedy)
+
+
+@functools.cache
+def _sampler(flags: tuple[bool, bool, bool], fault: bool):
+    """The sampler for rows of which some sample (T > 0), with these filters switched on."""
+    any_top_p, any_min_p, any_top_k = flags
+
+    def tokens(logits, temperature, top_p, min_p, top_k, seeds, positions):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = _filter(logprobs, temperature, top_p, min_p, top_k, any_top_p, any_min_p, any_top_k)
+        temp = temperature[:, None, None]
+        safe_t = mx.where(temp > 0, temp, 1.0)
+        noisy = logprobs / safe_t + gumbel_noise(seeds, positions, logits.shape[-1])
+        sampled = mx.argmax(noisy, axis=-1)
+        greedy = mx.argmax(logits, axis=-1)
+        out = mx.where(temperature[:, None] > 0, sampled, greedy).astype(mx.int32)
+        return mx.where(_usable(logits), out, FAULT) if fault else out
+    return compiled(tokens)
+
+
+def draft_coupled(logits: mx.array, rs: RowSampling, positions: mx.array | np.ndarray) -> mx.array:
     """Scalar-loop drafts: the drafter's logits sampled with the target's noise for the same positions.
     No FAULT here: a draft is only a guess the target verifies, and it is fed back into the models."""
-    return _sample_tokens(logits, rs, positions)
+    if rs.all_greedy:
+        return draft_greedy(logits)
+    return _sampler(rs.flags, False)(logits, *rs.arrays, _grid(positions, logits.shape[1]))
 
 
 def draft_greedy(logits: mx.array) -> mx.array:

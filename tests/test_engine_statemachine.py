@@ -122,8 +122,9 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
         def kv_holds_all_but_the_bonus(self):
             eng = self.eng
             if eng.mode is Mode.SCALAR:
-                row = eng.scalar.seq.row
-                assert eng.scalar.seq.cache[0].offset == len(row.prompt) + len(row.tokens) - 1
+                row, flight = eng.scalar.seq.row, eng.scalar.flight
+                extra = 0 if flight is None else flight.k + 1  # a dispatched round appended its inputs
+                assert eng.scalar.seq.cache[0].offset == len(row.prompt) + len(row.tokens) - 1 + extra
             elif eng.mode in (Mode.BATCHED, Mode.GATED):
                 extra = 1 if eng.batch.lookahead is not None else 0
                 assert eng.batch.lookahead is None or eng.mode is Mode.GATED

@@ -218,7 +218,7 @@ def test_preempt_order_and_continuity(lm, prompts, cap):
 
     def spy(plan):
         row, stream = eng.scalar.seq.row, eng.service.stream(eng.scalar.seq.row.rid)
-        seen.update(emitted=len(row.tokens), delivered=stream._q.qsize(), kv=eng.scalar.seq.cache[0].offset,
+        seen.update(emitted=len(row.tokens), delivered=stream.delivered, kv=eng.scalar.seq.cache[0].offset,
                     prompt=len(row.prompt))
         real_preempt(plan)
         seen["preempted"] = row.preempted

@@ -24,8 +24,9 @@ import mlx.core as mx
 import numpy as np
 
 from gmlx.decode.prefill import Prefilled
-from gmlx.decode.verify import RoundResult, positions, verified
+from gmlx.decode.verify import RoundResult, verified
 from gmlx.drafters.base import DraftPick, Drafter
+from gmlx.engine import trace
 from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
 from gmlx.models.adapter import Target
@@ -53,8 +54,9 @@ class BatchLoop:
     def _bonus(self) -> mx.array:
         return mx.array([[r.tokens[-1] if r.tokens else r.prompt[-1]] for r in self.rows], dtype=mx.int32)
 
-    def _positions(self, n: int, shift: int = 0) -> mx.array:
-        return positions(np.array([r.next_position + shift for r in self.rows]), n)  # [B, n]
+    def _first_positions(self, shift: int = 0) -> np.ndarray:
+        """Each row's absolute position of the next token (+ shift): the round's noise keys."""
+        return np.array([r.next_position + shift for r in self.rows])
 
     # ---- membership ------------------------------------------------------------------
     def add(self, rows: list[Row], new: list[RaggedKVCache], pres: list[Prefilled], arm: bool) -> None:
@@ -105,16 +107,20 @@ class BatchLoop:
         if lengths is not None:
             k = int(lengths.max())  # verify no column that no row drafted
             drafts = drafts[:, :k]
-        # Device-only barrier between the draft and verify graphs (measured faster on CPU).
-        mx.eval(drafts)  # sync: device barrier, no host read
+        mx.async_eval(drafts)  # the draft chain starts computing while the verify graph is built
         inputs = mx.concatenate([self._bonus(), drafts], axis=1)  # [B, k+1]
         logits, hidden = self.target(inputs, self.cache)  # [B, k+1, V], [B, k+1, D]
-        targets = sample(logits, self.rs, self._positions(k + 1))  # [B, k+1]
-        read = np.array(mx.concatenate([drafts, targets], axis=1))  # sync: the round's one host read
+        targets = sample(logits, self.rs, self._first_positions())  # [B, k+1]
+        both = mx.concatenate([drafts, targets], axis=1)
+        trace.mark("build")
+        read = np.array(both)  # sync: the round's one host read
+        trace.mark("wait")
         accepted, results = verified(read[:, :k], read[:, k:], lengths)
+        trace.mark("readback")
         trim_rows(self.cache, k - accepted)
         # A FAULT (-1) target ends its row at emission; the drafter must still never embed it.
         self.drafter.commit(self.draft, k, accepted, hidden, mx.maximum(targets, 0))
+        trace.mark("commit")
         return results
 
     def plain_round(self, successor: bool) -> list[RoundResult]:
@@ -124,19 +130,22 @@ class BatchLoop:
         self.lookahead = None
         if successor and any(r.remaining > 1 for r in self.rows):
             self.lookahead = self._plain_step(mx.maximum(cur, 0), 1)  # a FAULT row is finished; feed it a real id
+            trace.mark("build")
             mx.async_eval(self.lookahead)
+            trace.mark("dispatch")
         toks = cur.tolist()  # sync: read this step's tokens while the next step computes
+        trace.mark("wait")
         return [RoundResult(tokens=row_toks, drafted=0, accepted=0) for row_toks in toks]
 
     def _plain_step(self, y: mx.array, shift: int) -> mx.array:
         logits = self.target.logits(y, self.cache)[:, -1:]  # [B, 1, V]
-        return sample(logits, self.rs, self._positions(1, shift))  # [B, 1]
+        return sample(logits, self.rs, self._first_positions(shift))  # [B, 1]
 
     def capture_round(self) -> list[RoundResult]:
         """Verify every pending bonus alone, capturing hidden states; arm the drafter from them."""
         assert self.lookahead is None and self.drafter is not None
         logits, hidden = self.target(self._bonus(), self.cache)  # [B, 1, V], [B, 1, D]
-        targets = sample(logits, self.rs, self._positions(1))  # [B, 1]
+        targets = sample(logits, self.rs, self._first_positions())  # [B, 1]
         mx.eval(targets)  # sync: the round's one host read
         toks = targets.tolist()  # sync: evaluated above
         self.draft = self.drafter.capture(self.rows, hidden, mx.maximum(targets, 0))  # FAULT: see commit

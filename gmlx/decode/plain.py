@@ -6,7 +6,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from gmlx.decode.verify import RoundResult, positions
+from gmlx.decode.verify import RoundResult
+from gmlx.engine import trace
 from gmlx.models.adapter import Target
 from gmlx.sampling import RowSampling, sample
 
@@ -24,7 +25,7 @@ class PlainDecoder:
 
     def _step(self, y: mx.array, pos: int) -> mx.array:
         logits = self.target.logits(y, self.cache)[:, -1:]  # [1, 1, V]
-        return sample(logits, self.rs, positions(np.array([pos]), 1))  # [1, 1]
+        return sample(logits, self.rs, np.array([pos]))  # [1, 1]
 
     @property
     def in_flight(self) -> bool:
@@ -35,7 +36,10 @@ class PlainDecoder:
         self.next = None
         if successor and self.remaining() > 1:
             self.next = self._step(mx.maximum(cur, 0), self.pos + 1)  # a FAULT ends the row; feed a real id
+            trace.mark("build")
             mx.async_eval(self.next)
+            trace.mark("dispatch")
         tok = cur.item()  # sync: read this step's token while the next one computes
+        trace.mark("wait")
         self.pos += 1
         return RoundResult(tokens=[tok], drafted=0, accepted=0)

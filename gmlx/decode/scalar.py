@@ -24,8 +24,9 @@ import numpy as np
 
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import Prefilled, prefill_row
-from gmlx.decode.verify import RoundResult, positions, verified
+from gmlx.decode.verify import RoundResult, verified
 from gmlx.drafters.base import DraftPick, Drafter
+from gmlx.engine import trace
 from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, lift_caches
 from gmlx.models.adapter import Target
@@ -59,6 +60,7 @@ class ScalarLane:
         self.coupled = coupled  # False only for A/B measurements of coupling itself
         self.seq: ScalarSeq | None = None
         self.plain: PlainDecoder | None = None
+        self.flight: Flight | None = None  # the speculative round dispatched and not yet read
 
     @property
     def row(self) -> Row | None:
@@ -66,8 +68,8 @@ class ScalarLane:
 
     @property
     def in_flight(self) -> bool:
-        """A plain step is dispatched and not yet read (consume it before moving the request)."""
-        return self.plain is not None and self.plain.in_flight
+        """A round is dispatched and not yet read (consume it before moving the request)."""
+        return self.flight is not None or (self.plain is not None and self.plain.in_flight)
 
     def start(self, row: Row, pre: Prefilled | None = None) -> None:
         """Take a prefilled request (prefilling it here when not given); the drafter is
@@ -82,41 +84,56 @@ class ScalarLane:
                                       lambda: row.remaining)
 
     def round(self, last: bool = False) -> RoundResult:
-        """One round; `last`: a plain lane consumes its lookahead without dispatching a successor."""
+        """Read the round in flight (dispatching it first if none is) and, unless `last` or the
+        request cannot go on, dispatch the next one before returning: the caller's emission,
+        detokenizing and delivery then run while the device computes that round."""
+        trace.mark("admission")
         if self.plain is not None:
             return self.plain.round(self.seq.bonus, successor=not last)
-        return self._speculative_round(self.seq)
+        seq = self.seq
+        flight = self.flight or self._dispatch(seq, seq.bonus, seq.row.next_position, seq.row.remaining)
+        self.flight = None
+        res = self._collect(seq, flight)
+        remaining = seq.row.remaining - len(res.tokens)
+        if not last and remaining > 0 and not seq.row.stops_at(res.tokens):
+            self.flight = self._dispatch(seq, max(res.tokens[-1], 0), flight.position + len(res.tokens), remaining)
+        return res
 
     def evict(self) -> tuple[list[Row], list[RaggedKVCache], list[Prefilled]]:
         """Hand the request to the batch lane (preempt): its round's tokens are all delivered
-        (rounds are atomic here), so it restarts there from its bonus, unarmed."""
-        assert not self.in_flight, "evict with a plain step in flight"
+        (the round in flight was consumed first), so it restarts there from its bonus, unarmed."""
+        assert not self.in_flight, "evict with a round in flight"
         seq = self.seq
         self.seq = self.plain = None
         return [seq.row], lift_caches([seq.cache]), [Prefilled.nothing()]
 
     def retire(self) -> tuple[Row, list]:
-        """The finished request and its cache (for the prompt cache); the lane is empty after."""
-        seq = self.seq
-        self.seq = self.plain = None
+        """The finished request and its cache (for the prompt cache); the lane is empty after. A
+        round still in flight (the request stopped at a stop string, its stop_fn or a cancel) is
+        dropped: its unverified drafts leave the cache; the bonus's entry is the request's own."""
+        seq, flight = self.seq, self.flight
+        if flight is not None and flight.k:
+            for c in seq.cache:
+                c.trim(flight.k)
+        self.clear()
         return seq.row, seq.cache
 
     def clear(self) -> None:
-        self.seq = self.plain = None
+        self.seq = self.plain = self.flight = None
 
-    def round_k(self, seq: ScalarSeq) -> int:
+    def round_k(self, seq: ScalarSeq, remaining: int) -> int:
         """Drafts this round: the best k for the request's acceptance so far (when adaptive),
         never more than the budget can use."""
         if self.drafter is None or seq.draft is None:
             return 0
         k = seq.acceptance.best_k(self.k, self.drafter.step_cost) if self.adaptive else self.k
-        return max(0, min(k, seq.row.remaining - 1))
+        return max(0, min(k, remaining - 1))
 
-    def _speculative_round(self, seq: ScalarSeq) -> RoundResult:
-        k = self.round_k(seq)
-        n = seq.row.next_position
-        bonus = mx.array([[seq.bonus]], dtype=mx.int32)
-        drafts = None
+    def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int) -> Flight:
+        """Build the drafts and the verify forward from the bonus at position n, and start them."""
+        k = self.round_k(seq, remaining)
+        inputs = mx.array([[bonus]], dtype=mx.int32)
+        drafts, lengths = None, None
         if k:
             pick = DraftPick(seq.rs if self.coupled else None, np.array([n]))
             drafts = self.drafter.draft(seq.draft, k, pick, seq.cache)  # [1, k]
@@ -124,19 +141,40 @@ class ScalarLane:
             if lengths is not None:
                 k = int(lengths[0])
                 drafts = drafts[:, :k]
-            # Evaluating the draft chain apart from the verify forward measured 11.8 vs 17 ms per
-            # round on the CPU backend (8-layer target, k=3); the host still reads once per round.
-            mx.eval(drafts)  # sync: device-only barrier between the draft and verify graphs
-            bonus = mx.concatenate([bonus, drafts], axis=1)
-        logits, hidden = self.target(bonus, seq.cache)  # [1, k+1, V], [1, k+1, D]
-        targets = sample(logits, seq.rs, positions(np.array([n]), k + 1))  # [1, k+1]
-        both = mx.concatenate([drafts, targets], axis=1) if drafts is not None else targets
-        read = np.array(both)  # sync: the round's one host read of drafts and target tokens
+            # The draft chain starts computing while the verify graph is built.
+            mx.async_eval(drafts)
+            inputs = mx.concatenate([inputs, drafts], axis=1)
+        logits, hidden = self.target(inputs, seq.cache)  # [1, k+1, V], [1, k+1, D]
+        targets = sample(logits, seq.rs, np.array([n]))  # [1, k+1]
+        read = mx.concatenate([drafts, targets], axis=1) if drafts is not None else targets
+        trace.mark("build")
+        mx.async_eval(read)
+        trace.mark("dispatch")
+        return Flight(k=k, position=n, read=read, hidden=hidden, targets=targets)
+
+    def _collect(self, seq: ScalarSeq, fl: Flight) -> RoundResult:
+        """The round's one host read, the acceptance rule, and the rollback of what it rejected."""
+        k = fl.k
+        read = np.array(fl.read)  # sync: the round's one host read of drafts and target tokens
+        trace.mark("wait")
         accepted, (res,) = verified(read[:, :k], read[:, k:])
         seq.acceptance.record(k, res.accepted)
+        trace.mark("readback")
         if k > res.accepted:
             for c in seq.cache:
                 c.trim(k - res.accepted)
         if seq.draft is not None:
-            self.drafter.commit(seq.draft, k, accepted, hidden, mx.maximum(targets, 0))  # never embed FAULT
+            self.drafter.commit(seq.draft, k, accepted, fl.hidden, mx.maximum(fl.targets, 0))  # never embed FAULT
+        trace.mark("commit")
         return res
+
+
+@dataclass(slots=True)
+class Flight:
+    """A dispatched round not yet read: k drafts from position `position` and their verify."""
+
+    k: int
+    position: int
+    read: mx.array  # [1, k + (k+1)]: the drafts, then the target's tokens
+    hidden: mx.array  # [1, k+1, D]
+    targets: mx.array  # [1, k+1]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
 import numpy as np
 
 
@@ -43,8 +42,3 @@ def verified(drafts: np.ndarray, targets: np.ndarray,
     counts = accepted.tolist()  # sync: none, numpy data
     drafted = [k] * len(rows) if lengths is None else lengths.tolist()  # sync: none, numpy data
     return accepted, [RoundResult(tokens=t[: a + 1], drafted=d, accepted=a) for t, a, d in zip(rows, counts, drafted)]
-
-
-def positions(starts: np.ndarray, n: int) -> mx.array:
-    """Absolute positions [B, n] from each row's first position (the noise keys of a round)."""
-    return mx.array(np.asarray(starts, dtype=np.int32)[:, None] + np.arange(n, dtype=np.int32)[None])

@@ -48,8 +48,7 @@ class DraftPick:
         """logits [B, 1, V] for draft j -> tokens [B, 1] int32."""
         if self.rs is None:
             return draft_greedy(logits)
-        pos = mx.array((self.first_positions[:, None] + j).astype(np.int32))
-        return draft_coupled(logits, self.rs, pos)
+        return draft_coupled(logits, self.rs, self.first_positions + j)
 
 
 class Drafter(ABC):

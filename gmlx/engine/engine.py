@@ -9,6 +9,7 @@ round. The queue, the streams, the engine thread and shutdown are the service's
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from pathlib import Path
@@ -21,6 +22,7 @@ from gmlx.decode.scalar import ScalarLane
 from gmlx.decode.verify import RoundResult
 from gmlx.drafters.base import Drafter
 from gmlx.drafters.select import choose
+from gmlx.engine import trace
 from gmlx.engine.intake import make_row
 from gmlx.engine.metrics import Counters, Event, EventKind, notify
 from gmlx.engine.row import Row, RowState, transition
@@ -60,6 +62,7 @@ class Engine:
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
                           + choice.cap_key_suffix)
         self._cap_defaults = choice.cap_defaults
+        self._cap_stamp = self._cap_inputs()
         self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
         self._cap_errors: set[str] = set()
         if self._caps.notice:
@@ -68,6 +71,7 @@ class Engine:
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
         self.counters = Counters()
         self.listeners: list[Callable[[Event], None]] = []
+        self._events: list[Event] | None = None  # this step's events, when someone wants them
         self.service = Service(self, self.config.max_queued, self.speculative)
 
     # ---- the caller's side (thread-safe) -----------------------------------------------
@@ -97,16 +101,35 @@ class Engine:
         return self.busy or self.service.has_queued
 
     def step(self) -> list[Event]:
-        """One round: reap cancellations, plan, apply the transitions, run the round, retire."""
+        """One round: reap cancellations, plan, apply the transitions, run the round, retire.
+        Returns the step's events (a caller driving the engine reads them)."""
+        return self._step(want_events=True)
+
+    def advance(self) -> None:
+        """One round for the engine thread: events are built only when a listener wants them."""
+        self._step(want_events=bool(self.listeners))
+
+    def _step(self, want_events: bool) -> list[Event]:
+        trace.begin()
         self.service.begin_step()
-        events = self._reap_cancelled()
+        self._events = events = [] if want_events else None
+        if self.service.cancel_requested():
+            self._reap_cancelled()
         self._caps = self._refresh_caps()  # once per round: the env and the user config may change live
         plan = admission.plan(self._view())
-        events += self._apply(plan)
-        events += self._round(plan.round)
-        events += self._retire_finished()
-        notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
-        return events
+        self._apply(plan)
+        trace.mark("admission")
+        self._round(plan.round)
+        self._retire_finished()
+        if events:
+            notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
+        trace.end_round()
+        return events or []
+
+    def _emit_event(self, make) -> None:
+        """Record an event when someone wants this step's events (`make` builds it only then)."""
+        if self._events is not None:
+            self._events.append(make())
 
     def cap_decision(self) -> caps.CapDecision:
         """The width cap in force this round: CLI flag > GMLX_MTP_WIDTH_CAP (re-read every round,
@@ -114,10 +137,21 @@ class Engine:
         return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self.model_key,
                                 **self._cap_defaults)
 
+    @staticmethod
+    def _cap_inputs() -> tuple:
+        """What the cap depends on that may change live: the env value and the user config file's
+        stamp (an env read and one stat: cheap enough for every round)."""
+        return os.environ.get("GMLX_MTP_WIDTH_CAP"), caps.config_stamp()
+
     def _refresh_caps(self) -> caps.CapDecision:
-        """The cap for this round. A value broken mid-run (a typo in GMLX_MTP_WIDTH_CAP or the user
-        config) cannot stop requests being served: the last valid cap stays, with one warning per
-        bad value (at engine start the same value is an error)."""
+        """The cap for this round, decided again only when its inputs changed. A value broken
+        mid-run (a typo in GMLX_MTP_WIDTH_CAP or the user config) cannot stop requests being
+        served: the last valid cap stays, with one warning per bad value (at engine start the same
+        value is an error)."""
+        stamp = self._cap_inputs()
+        if stamp == self._cap_stamp:
+            return self._caps
+        self._cap_stamp = stamp
         try:
             return self.cap_decision()
         except ConfigError as e:
@@ -157,18 +191,17 @@ class Engine:
         return list(self.batch.rows)
 
     # ---- transitions: each a named method, applied in the plan's order -------------------
-    def _apply(self, plan: Plan) -> list[Event]:
-        events, admitted = [], False
+    def _apply(self, plan: Plan) -> None:
+        admitted = False
         for t in plan.transitions:
             if t is Transition.CAPTURE:  # the newcomers join first: the capture round arms them too
                 admitted = self._admit_planned(plan)
             getattr(self, self._APPLY[t])(plan)
             self.counters.transitions[t] += 1
-            events.append(Event(EventKind.TRANSITION, self.mode, len(self.live_rows()), transition=t,
-                                reason=plan.reason))
+            self._emit_event(lambda: Event(EventKind.TRANSITION, self.mode, len(self.live_rows()), transition=t,
+                                           reason=plan.reason))
         if not admitted:
             self._admit_planned(plan)
-        return events
 
     def _admit_planned(self, plan: Plan) -> bool:
         """The plan's queued requests join the batch (start_scalar took its one row itself; a
@@ -223,9 +256,9 @@ class Engine:
         return self.drafter is not None and self.drafter.needs_hidden
 
     # ---- the round ---------------------------------------------------------------------
-    def _round(self, kind: Round) -> list[Event]:
+    def _round(self, kind: Round) -> None:
         if kind is Round.NONE:
-            return []
+            return
         t0 = time.perf_counter()
         rows = self.live_rows()
         results = self._run(kind, len(rows))
@@ -233,7 +266,7 @@ class Engine:
         per_row = tuple(self._deliver(row, res, now) for row, res in zip(rows, results))
         self.counters.rounds += 1
         self.counters.syncs += 1
-        return [Event(EventKind.ROUND, self.mode, len(rows), now - t0, per_row, round=kind)]
+        self._emit_event(lambda: Event(EventKind.ROUND, self.mode, len(rows), now - t0, per_row, round=kind))
 
     def _run(self, kind: Round, width: int) -> list[RoundResult]:
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
@@ -246,7 +279,9 @@ class Engine:
 
     def _deliver(self, row: Row, res: RoundResult, now: float) -> tuple:
         pieces = row.take(res, now)
+        trace.mark("emit")
         self.service.deliver(row, pieces)
+        trace.mark("deliver")
         n = sum(p.token >= 0 for p in pieces)
         self.counters.tokens += n
         self.counters.drafted += res.drafted
@@ -254,7 +289,7 @@ class Engine:
         return (row.rid, res.drafted, res.accepted, n)
 
     # ---- leaving -----------------------------------------------------------------------
-    def _reap_cancelled(self) -> list[Event]:
+    def _reap_cancelled(self) -> None:
         """Cancelled requests leave at this boundary, before the plan counts the width."""
         now = time.perf_counter()
         for r in self.service.pop_cancelled():
@@ -263,17 +298,17 @@ class Engine:
         for r in self.live_rows():
             if self.service.cancelled(r):
                 r.finish("cancelled", now)
-        return self._retire_finished()
+        self._retire_finished()
 
-    def _retire_finished(self) -> list[Event]:
+    def _retire_finished(self) -> None:
         live = self.live_rows()
         done = [r for r in live if r.is_done]
         if not done:
-            return []
-        events = []
+            return
         for r in done:
             self.service.finish(r)
-            events.append(Event(EventKind.FINISH, self.mode, len(live), rid=r.rid, stats=r.stats.as_dict()))
+            self._emit_event(lambda r=r: Event(EventKind.FINISH, self.mode, len(live), rid=r.rid,
+                                               stats=r.stats.as_dict()))
         if self.mode is Mode.SCALAR:
             self.prefiller.retire(*self.scalar.retire())
         else:
@@ -283,7 +318,6 @@ class Engine:
             self.batch.filter([i for i, r in enumerate(self.batch.rows) if not r.is_done])
         if self.mode is Mode.SCALAR or not self.batch.rows:
             self.mode = Mode.IDLE
-        return events
 
     def end_live(self, reason: str, error: str | None = None, drop_caches: bool = False) -> None:
         """End every row being served (close(): "cancelled"; the last-resort handler: "error")

@@ -90,6 +90,12 @@ class Row:
     def is_done(self) -> bool:
         return self.finish_reason is not None
 
+    def stops_at(self, candidates: list[int]) -> bool:
+        """Whether emitting these ends the request at an EOS or a FAULT: known before emission,
+        so a lane does not dispatch a round nobody will read (a stop string or stop_fn shows
+        only at emission)."""
+        return any(t < 0 or t in self.eos_ids for t in candidates)
+
     def take(self, res: "RoundResult", now: float) -> list[Piece]:
         """Book one round for this row, the one place every lane's results go through: its draft
         statistics, then emission. A detokenizer or stop-check fault ends this request only."""

@@ -39,8 +39,8 @@ class Core(Protocol):
     def busy(self) -> bool:
         """Rows are being served (a loop is not idle)."""
 
-    def step(self) -> object:
-        """One round."""
+    def advance(self) -> None:
+        """One round, run by the engine thread."""
 
     def end_live(self, reason: str, error: str | None = None, drop_caches: bool = False) -> None:
         """End every row being served with this finish reason; reset the loops."""
@@ -55,6 +55,8 @@ class Service:
         self._ids = itertools.count()
         self._queue: collections.deque[Row] = collections.deque()
         self._in_transit: list[Row] = []  # popped this step, maybe not in a loop yet (see _fail)
+        self._cancels = 0  # how many cancel() calls streams have seen (read without the lock)
+        self._cancels_seen = 0
         self._lock = threading.Condition()
         self.thread: threading.Thread | None = None  # the engine thread, once a submit() started it
         self._closed = False
@@ -70,7 +72,7 @@ class Service:
                 raise Overloaded(f"{len(self._queue)} requests are queued (max_queued={self.max_queued});"
                                  " retry later or raise EngineConfig.max_queued")
             row.rid = next(self._ids)
-            stream = Stream(row.rid, row.seed)
+            stream = Stream(row.rid, row.seed, on_cancel=self._note_cancel)
             self._streams[row.rid] = stream
             self._queue.append(row)
             self._lock.notify_all()
@@ -138,6 +140,18 @@ class Service:
         self._in_transit += rows
         return rows
 
+    def _note_cancel(self) -> None:
+        with self._lock:
+            self._cancels += 1
+
+    def cancel_requested(self) -> bool:
+        """Whether a stream was cancelled since the engine last asked (so a step reaps only then)."""
+        n = self._cancels
+        if n == self._cancels_seen:
+            return False
+        self._cancels_seen = n
+        return True
+
     def pop_cancelled(self) -> list[Row]:
         """Queued requests whose stream was cancelled, taken out of the queue."""
         with self._lock:
@@ -178,7 +192,7 @@ class Service:
                     if self._closed:
                         return
                 try:
-                    self.core.step()
+                    self.core.advance()
                 except EngineClosed:  # closed between the check above and the step: close() ends the rows
                     return
                 except Exception as e:  # a fault ends the requests being served, never the engine

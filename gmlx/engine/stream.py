@@ -36,9 +36,12 @@ _END = object()
 class Stream:
     """Iterate for pieces (token id + text); then read `.result`. `cancel()` is thread-safe."""
 
-    def __init__(self, request_id: int, seed: int):
+    def __init__(self, request_id: int, seed: int, on_cancel=None):
+        """`on_cancel()`: told (on the cancelling thread) so the engine reaps at its next step."""
         self.request_id = request_id
         self.seed = seed
+        self._on_cancel = on_cancel
+        self.delivered = 0  # pieces handed to this stream so far (engine side)
         self._q: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._cancel = threading.Event()
@@ -46,8 +49,9 @@ class Stream:
 
     # engine side
     def _put(self, pieces: list[Piece]) -> None:
-        for p in pieces:
-            self._q.put(p)
+        if pieces:
+            self.delivered += len(pieces)
+            self._q.put(pieces)  # one hand-off per round, however many tokens it emitted
 
     def _finish(self, record: FinalRecord) -> None:
         self._result = record
@@ -60,10 +64,12 @@ class Stream:
             item = self._q.get()
             if item is _END:
                 return
-            yield item
+            yield from item
 
     def cancel(self) -> None:
         self._cancel.set()
+        if self._on_cancel is not None:
+            self._on_cancel()
 
     @property
     def cancelled(self) -> bool:

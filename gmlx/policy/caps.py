@@ -63,13 +63,29 @@ _CAP_HELP = 'use an integer >= 0 (0 = uncapped) or "off" (never speculate in a b
 # -- where and for what ----------------------------------------------------------------------
 def config_path() -> Path:
     """The user config file (it need not exist)."""
-    explicit = os.environ.get("GMLX_CONFIG", "").strip()
+    env = os.environ
+    return _config_path_for(env.get("GMLX_CONFIG", ""), env.get("XDG_CONFIG_HOME", ""), env.get("HOME", ""))
+
+
+@functools.lru_cache(maxsize=16)  # the engine asks every round: build the Path once per setting
+def _config_path_for(explicit: str, xdg: str, home: str) -> Path:
+    explicit, xdg = explicit.strip(), xdg.strip()
     if explicit:
         return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CONFIG_HOME", "").strip()
     # The XDG spec says a relative XDG_CONFIG_HOME is invalid and must be ignored.
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
     return base / "gmlx" / "config.toml"
+
+
+def config_stamp() -> tuple | None:
+    """What identifies the user config's current content: its path and (mtime, size, inode), or
+    None when it does not exist. Cheap (one stat), so a caller may ask every round."""
+    p = config_path()
+    try:
+        st = os.stat(p)
+    except OSError:
+        return (p, None)
+    return (p, st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _slug(text: str) -> str:

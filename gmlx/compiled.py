@@ -1,0 +1,23 @@
+"""mx.compile for the engine's small hot graphs (the sampler, the acceptance), with an opt-out.
+
+A compiled function replays one fused graph instead of building a dozen small ops in Python each
+round: on a host-bound decode step (small models on a GPU, the micro model here) that is a
+visible share of the round. The first call of each new input shape traces the function (and on
+the CPU backend compiles fused kernels once, cached by MLX), so the first round of a shape is
+slower. GMLX_COMPILE=0 runs the same functions uncompiled (identical ops, for debugging).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import mlx.core as mx
+
+
+def enabled() -> bool:
+    return os.environ.get("GMLX_COMPILE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def compiled(fn: Callable) -> Callable:
+    return mx.compile(fn) if enabled() else fn
