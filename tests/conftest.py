@@ -7,6 +7,10 @@ from hypothesis import settings
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# The engine measures what rounds cost on this machine (gmlx/decode/probe.py) to decide whether a
+# lone request speculates; tests use the built-in estimates so their schedules do not depend on
+# the machine's load. tests/test_costs.py tests the measurement and the decisions themselves.
+os.environ.setdefault("GMLX_ROUND_COSTS", "prior")
 
 
 @pytest.fixture(scope="session")

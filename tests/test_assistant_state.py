@@ -35,7 +35,9 @@ def test_shared_kv_and_pending_inputs_at_every_draft(lm, prompts):
         rows = [eng.scalar.seq.row] if eng.mode is Mode.SCALAR else eng.batch.rows
         keys, values, lengths = shared_kv(target_cache[drafter.layer])
         for b, row in enumerate(rows):
-            seq = list(row.prompt) + list(row.tokens)
+            # The row's sequence up to this draft's position (its stream is its solo stream, checked
+            # below); the scalar lane drafts the next round before the engine emits this one's tokens.
+            seq = (list(row.prompt) + solo(lm, row.prompt, row.params))[: int(pick.first_positions[b])]
             rk, rv, rh = _solo_inputs(lm, seq, drafter.layer)
             n = len(seq) - 1
             assert lengths[b] == n
@@ -51,8 +53,8 @@ def test_shared_kv_and_pending_inputs_at_every_draft(lm, prompts):
         # Force chosen acceptance counts (0..k, by position) so that every commit path is taken:
         # the first j drafts are the row's own solo tokens, the rest are wrong.
         forced = []
-        for row in rows:
-            ref, done = solo(lm, row.prompt, row.params), len(row.tokens)
+        for b, row in enumerate(rows):
+            ref, done = solo(lm, row.prompt, row.params), int(pick.first_positions[b]) - len(row.prompt)
             nxt = (ref[done : done + k] + [0] * k)[:k]
             j = done % (k + 1)
             forced.append([t if i < j else (t + 1) % lm.target.vocab_size for i, t in enumerate(nxt)])

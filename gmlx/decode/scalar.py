@@ -30,7 +30,9 @@ from gmlx.engine import trace
 from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, lift_caches
 from gmlx.models.adapter import Target
+from gmlx.decode.probe import round_costs
 from gmlx.policy.adaptive import AcceptanceEstimate
+from gmlx.policy.costs import Costs
 from gmlx.sampling import RowSampling, sample
 
 
@@ -42,6 +44,7 @@ class ScalarSeq:
     cache: list  # target KV, one mlx-lm KVCache per layer
     draft: object | None  # the drafter's state for this one row
     rs: RowSampling
+    max_k: int = 0  # the most drafts per round for this request (0: plain)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
 
     @property
@@ -49,18 +52,25 @@ class ScalarSeq:
         return self.row.tokens[-1] if self.row.tokens else self.row.prompt[-1]
 
 
+MIN_ROUNDS_TO_STOP = 8  # rounds of evidence before a request gives up on its drafter
+
+
 class ScalarLane:
     def __init__(self, target: Target, drafter: Drafter | None, k: int, prefill_step: int = 512,
-                 coupled: bool = True, adaptive: bool = True):
+                 coupled: bool = True, adaptive: bool = True, may_go_plain: bool = True):
         self.target = target
         self.drafter = drafter  # None: plain decode
         self.k = k  # the most drafts per round
         self.adaptive = adaptive  # fewer drafts while this request's acceptance is low
+        # Decode plain where no draft length pays (measured costs); False when speculation was
+        # asked for explicitly (a K given by the user, the oracle tests' speculative runs).
+        self.may_go_plain = may_go_plain and adaptive
         self.prefill_step = prefill_step
         self.coupled = coupled  # False only for A/B measurements of coupling itself
         self.seq: ScalarSeq | None = None
         self.plain: PlainDecoder | None = None
         self.flight: Flight | None = None  # the speculative round dispatched and not yet read
+        self.costs: Costs | None = None  # calibrated costs (the engine sets them) or measured at first use
 
     @property
     def row(self) -> Row | None:
@@ -71,17 +81,48 @@ class ScalarLane:
         """A round is dispatched and not yet read (consume it before moving the request)."""
         return self.flight is not None or (self.plain is not None and self.plain.in_flight)
 
-    def start(self, row: Row, pre: Prefilled | None = None) -> None:
-        """Take a prefilled request (prefilling it here when not given); the drafter is
-        teacher-forced on the prompt's hidden states at its first draft."""
+    def round_costs(self) -> Costs:
+        """What rounds cost here: calibrated (`costs` set by the engine) or measured once."""
+        if self.costs is None:
+            self.costs = round_costs(self.target, self.drafter, max(self.k, 1))
+        return self.costs
+
+    def decide(self, max_k: int | None = None) -> int:
+        """The most drafts a new lone request may use: `max_k` (calibrated, else the lane's K),
+        or 0 (decode it plain) when no draft length pays at the acceptance expected before any
+        round (the estimate's prior) under this machine's measured costs."""
+        max_k = self.k if max_k is None else max_k
+        if self.drafter is None or max_k == 0:
+            return 0
+        if not self.may_go_plain:
+            return max_k
+        return max_k if AcceptanceEstimate().best_k(max_k, self.round_costs()) > 0 else 0
+
+    def start(self, row: Row, pre: Prefilled | None = None, max_k: int | None = None) -> None:
+        """Take a prefilled request (prefilling it here when not given) and decode it with up to
+        `max_k` drafts per round (see `decide`; 0: plain). The drafter is teacher-forced on the
+        prompt's hidden states at its first draft."""
+        max_k = self.decide() if max_k is None else max_k
         if pre is None:
-            pre = prefill_row(self.target, row, self.prefill_step, want_hidden=self.drafter is not None)
-        draft = self.drafter.start([row], [pre]) if self.drafter is not None else None
+            pre = prefill_row(self.target, row, self.prefill_step,
+                              want_hidden=max_k > 0 and self.drafter.needs_hidden)
+        draft = self.drafter.start([row], [pre]) if max_k else None
         rs = RowSampling.from_params([row.params], [row.seed])
-        self.seq = ScalarSeq(row=row, cache=pre.cache, draft=draft, rs=rs)
-        if self.drafter is None:
-            self.plain = PlainDecoder(self.target, pre.cache, rs, self.seq.bonus, row.next_position,
-                                      lambda: row.remaining)
+        self.seq = ScalarSeq(row=row, cache=pre.cache, draft=draft, rs=rs, max_k=max_k)
+        if not max_k:
+            self._go_plain(self.seq, self.seq.bonus, row.next_position)
+
+    def _go_plain(self, seq: ScalarSeq, bonus: int, position: int) -> None:
+        """Decode the rest of this request plain from `bonus` (the next token sampled at
+        `position`), double-buffered: the plain path, not a speculative round without drafts.
+        The drafter's state for the request is dropped."""
+        seq.draft, seq.max_k = None, 0
+        self.plain = PlainDecoder(self.target, seq.cache, seq.rs, bonus, position, lambda: seq.row.remaining)
+
+    def _stops_paying(self, seq: ScalarSeq) -> bool:
+        """Enough rounds show that no draft length pays at this request's acceptance."""
+        return (self.may_go_plain and seq.draft is not None and seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP
+                and seq.acceptance.best_k(seq.max_k, self.round_costs()) == 0)
 
     def round(self, last: bool = False) -> RoundResult:
         """Read the round in flight (dispatching it first if none is) and, unless `last` or the
@@ -96,7 +137,11 @@ class ScalarLane:
         res = self._collect(seq, flight)
         remaining = seq.row.remaining - len(res.tokens)
         if not last and remaining > 0 and not seq.row.stops_at(res.tokens):
-            self.flight = self._dispatch(seq, max(res.tokens[-1], 0), flight.position + len(res.tokens), remaining)
+            bonus, position = max(res.tokens[-1], 0), flight.position + len(res.tokens)
+            if self._stops_paying(seq):
+                self._go_plain(seq, bonus, position)
+            else:
+                self.flight = self._dispatch(seq, bonus, position, remaining)
         return res
 
     def evict(self) -> tuple[list[Row], list[RaggedKVCache], list[Prefilled]]:
@@ -122,11 +167,11 @@ class ScalarLane:
         self.seq = self.plain = self.flight = None
 
     def round_k(self, seq: ScalarSeq, remaining: int) -> int:
-        """Drafts this round: the best k for the request's acceptance so far (when adaptive),
-        never more than the budget can use."""
-        if self.drafter is None or seq.draft is None:
+        """Drafts this round: the best k >= 1 for the request's acceptance so far (when
+        adaptive), never more than the budget can use."""
+        if seq.draft is None:
             return 0
-        k = seq.acceptance.best_k(self.k, self.drafter.step_cost) if self.adaptive else self.k
+        k = max(1, seq.acceptance.best_k(seq.max_k, self.round_costs())) if self.adaptive else seq.max_k
         return max(0, min(k, remaining - 1))
 
     def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int) -> Flight:

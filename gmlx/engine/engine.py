@@ -56,7 +56,9 @@ class Engine:
         self.notices = choice.notices  # said once to the user (the CLI prints them)
         self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
-        self.scalar = ScalarLane(self.lm.target, drafter, self.k, self.config.prefill_step_size)
+        # An explicit K is a request to speculate: lone requests then never fall back to plain.
+        self.scalar = ScalarLane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
+                                 may_go_plain=self.config.num_draft_tokens is None)
         self.batch = BatchLoop(self.lm.target, drafter)
         self.mode = Mode.IDLE
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
@@ -213,7 +215,9 @@ class Engine:
     def _start_scalar(self, plan: Plan) -> None:
         row = self.service.pop(1)[0]
         transition(row, RowState.SCALAR)
-        self.scalar.start(row, self.prefiller.prefill(row, want_hidden=self._wants_hidden))
+        # Up to the calibrated K at width 1 (0: plain), unless the measured costs say no K pays.
+        k = self.scalar.decide(self._k_for(1)) if self.speculative else 0
+        self.scalar.start(row, self.prefiller.prefill(row, want_hidden=k > 0 and self._wants_hidden), max_k=k)
         self.mode = Mode.SCALAR
 
     def _form_batch(self, plan: Plan) -> None:

@@ -1,0 +1,101 @@
+"""Measure what a speculative round costs on this machine: verify forwards of 1..K+1 tokens and
+one drafter step, relative to a one-token forward (gmlx/policy/costs.py explains the units).
+
+Run once per (target, drafter kind, K) in a process, at the first lone request that would
+speculate, unless `gmlx sweep-cap --write` stored calibrated figures. Costs are timed as the
+engine meets them: wall time of the forward built and evaluated (graph building included,
+which is what dominates a small model on a GPU), after a short context. The lengths are timed
+in turn, a few times over, and each keeps its fastest time: on a shared machine the minimum is
+the estimate that load spikes do not move. A quantized target on a CPU shows here that a verify
+of k+1 tokens costs about k+1 steps. GMLX_ROUND_COSTS=prior skips the measurement (the built-in
+estimates: reproducible decisions, e.g. in tests).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+import weakref
+
+import mlx.core as mx
+import numpy as np
+
+from gmlx.config import SamplingParams
+from gmlx.decode.prefill import Prefilled, prefill
+from gmlx.drafters.base import DraftPick, Drafter
+from gmlx.engine.row import Row
+from gmlx.models.adapter import Target
+from gmlx.policy.costs import PRIOR, Costs
+
+_CONTEXT = 48
+_REPS = 5
+_measured: "weakref.WeakKeyDictionary[Target, dict]" = weakref.WeakKeyDictionary()
+
+
+def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
+    """The measured costs for this target and drafter kind (measured once per process)."""
+    if os.environ.get("GMLX_ROUND_COSTS", "").strip().lower() == "prior":
+        return Costs(PRIOR.verify, drafter.step_cost, "prior (GMLX_ROUND_COSTS=prior)")
+    per_target = _measured.setdefault(target, {})
+    key = (drafter.kind, max_k)
+    if key not in per_target:
+        try:
+            per_target[key] = measure(target, drafter, max_k)
+        except Exception as e:  # a drafter the probe cannot drive: its constant, said once
+            warnings.warn(f"gmlx: could not measure the {drafter.kind} drafter's round costs ({type(e).__name__}:"
+                          f" {e}); using the built-in estimates", RuntimeWarning, stacklevel=2)
+            per_target[key] = Costs(PRIOR.verify, drafter.step_cost, "prior (probe failed)")
+    return per_target[key]
+
+
+def _fastest(fns: list) -> list[float]:
+    """Each function's fastest wall time over _REPS turns, the functions interleaved."""
+    for fn in fns:
+        fn()  # warm-up: kernels, allocator
+    best = [float("inf")] * len(fns)
+    for _ in range(_REPS):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def measure(target: Target, drafter: Drafter | None, max_k: int) -> Costs:
+    ids = [(7 * i + 3) % target.vocab_size for i in range(_CONTEXT + max_k + 1)]
+    cache = target.make_cache()
+    hidden = prefill(target, cache, [ids[: _CONTEXT - 1]], _CONTEXT, want_hidden=True)
+
+    def forward(n: int):
+        def run():
+            logits, h = target(mx.array([ids[_CONTEXT - 1: _CONTEXT - 1 + n]], dtype=mx.int32), cache)
+            mx.eval(logits, h)  # sync: the probe times whole forwards
+            for c in cache:
+                c.trim(n)
+        return run
+
+    t = _fastest([forward(n) for n in range(1, max_k + 2)])
+    verify = tuple(np.maximum.accumulate([x / t[0] for x in t]).tolist())  # sync: none, numpy; a longer verify never costs less
+    draft = _draft_cost(target, drafter, cache, hidden, ids, max_k) / t[0] if drafter is not None else 0.0
+    return Costs(verify, draft, f"measured (context {_CONTEXT}, fastest of {_REPS})")
+
+
+def _draft_cost(target: Target, drafter: Drafter, cache: list, hidden: mx.array, ids: list[int], max_k: int) -> float:
+    """Seconds per drafter step: drafts of 1 and of max_k from a fresh one-row state, each
+    starting with one pending entry (so the difference is max_k - 1 chained steps)."""
+    row = Row(rid=-1, prompt=ids[:_CONTEXT], params=SamplingParams(max_tokens=1).validated(),
+              eos_ids=frozenset(), detokenizer=None)
+    pre = Prefilled(None, hidden[:, -1:], mx.array([[ids[_CONTEXT - 1]]], dtype=mx.int32))
+    pick = DraftPick(None, np.array([_CONTEXT]))
+
+    def drafts(k: int):
+        def run():
+            st = drafter.start([row], [pre])
+            mx.eval(drafter.draft(st, k, pick, cache))  # sync: the probe times whole draft chains
+        return run
+
+    if max_k < 2:
+        return _fastest([drafts(1)])[0] / 2  # the pending entry's teacher forcing and the draft: two steps
+    one, many = _fastest([drafts(1), drafts(max_k)])
+    return max(many - one, 0.0) / (max_k - 1)
