@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -80,3 +81,24 @@ def test_a_signal_ends_live_streams_cleanly_and_exits_0(sig):
     assert plain["status"] == 200 and plain["body"]["choices"][0]["finish_reason"] == "cancelled"
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health", timeout=5)
+
+
+def test_cli_errors_are_one_line_before_the_model_load(monkeypatch):
+    """A taken port, a bad option value: one `gmlx: error:` line, exit 1, and no model loaded."""
+    from test_cli import assert_one_line_error, run
+
+    from gmlx_cli import generate
+
+    monkeypatch.setattr(generate, "_load_model", lambda path: pytest.fail("loaded the model"))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = str(taken.getsockname()[1])
+        assert_one_line_error(run("serve", "--port", port), f"127.0.0.1:{port}", "--port")
+    finally:
+        taken.close()
+    assert_one_line_error(run("serve", "--log-level", "loud"), "--log-level")
+    assert_one_line_error(run("serve", "--api-key", " "), "--api-key")
+    assert_one_line_error(run("serve", "--port", "70000"), "--port")
+    assert_one_line_error(run("serve", "--max-queued", "0"), "max_queued")

@@ -98,8 +98,10 @@ class Api:
             return self.engine.submit(prompt, params)
         except InvalidRequest as e:  # the prompt against the vocabulary and the context
             raise bad(str(e), _blame(str(e), req)) from None
-        except Overloaded as e:
-            raise ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded",
+        except Overloaded:
+            raise ApiError(429, f"the server's queue is full ({self.engine.config.max_queued} requests waiting); retry"
+                           f" in {RETRY_AFTER_S} s (its operator can raise `gmlx serve --max-queued`)",
+                           type="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except EngineClosed as e:
             raise ApiError(503, str(e), type="server_error", code="engine_closed") from None

@@ -37,15 +37,14 @@ TEMPERATURES = (0.0, 0.0, 0.5, 0.8, 1.0)
 class Profile:
     requests: int
     max_concurrency: int
-    max_tokens: int  # budgets drawn from 1..max_tokens
+    max_tokens: int  # budgets drawn from 1..max_tokens (a lone request's: max_tokens..2 x max_tokens)
     disconnect_rate: float = 0.15
     stream_rate: float = 0.7
     stop_rate: float = 0.1
-    pause_every: int = 25  # an idle pause every N arrivals: lone requests start in the scalar loop again
     flip_cap_s: float | None = 0.05  # GMLX_MTP_WIDTH_CAP flips among 1, 2, 4, 0 and unset; None: never
 
 
-QUICK = Profile(requests=32, max_concurrency=8, max_tokens=12, pause_every=12)
+QUICK = Profile(requests=32, max_concurrency=8, max_tokens=12)
 FULL = Profile(requests=240, max_concurrency=16, max_tokens=48)
 
 
@@ -58,6 +57,7 @@ class Item:
     cut_after: int | None = None  # streams: the client leaves after this many chunks
     give_up_s: float | None = None  # plain requests: the client leaves after this long
     delay_s: float = 0.0  # before this arrival
+    drain_first: bool = False  # arrive only once every earlier request has ended (the engine is idle)
 
 
 @dataclass
@@ -74,21 +74,38 @@ class Outcome:
 
 
 def plan(profile: Profile, seed: int, prompts: list[str]) -> list[Item]:
+    """Episodes, so that the engine goes through all its transitions: a lone request on an idle
+    engine (scalar) joined by waiters (preempt; over the cap: gate; the waiters done: resume), a
+    burst, a trickle; each episode starts on a drained engine or not, at random."""
     rng = random.Random(seed)
-    items = []
-    for i in range(profile.requests):
+    items: list[Item] = []
+
+    def add(budget: int, delay_s: float = 0.0, drain_first: bool = False) -> None:
         text = rng.choice(prompts)
         text = text[: rng.randint(min(8, len(text)), len(text))]
         t = rng.choice(TEMPERATURES)
-        params = SamplingParams(max_tokens=rng.randint(1, profile.max_tokens), temperature=t,
-                                top_p=rng.choice((1.0, 0.95, 0.9)) if t else 1.0, seed=rng.randrange(2**31),
-                                stop=("\n\n",) if rng.random() < profile.stop_rate else ())
-        stream = rng.random() < profile.stream_rate
-        leave = rng.random() < profile.disconnect_rate
-        items.append(Item(i, text, params, stream, cut_after=rng.randint(1, 3) if leave and stream else None,
-                          give_up_s=rng.uniform(0.02, 0.3) if leave and not stream else None,
-                          delay_s=0.4 if i and i % profile.pause_every == 0 else rng.expovariate(50.0)))
-    return items
+        params = SamplingParams(max_tokens=budget, temperature=t, top_p=rng.choice((1.0, 0.95, 0.9)) if t else 1.0,
+                                seed=rng.randrange(2**31), stop=("\n\n",) if rng.random() < profile.stop_rate else ())
+        stream, leave = rng.random() < profile.stream_rate, rng.random() < profile.disconnect_rate
+        items.append(Item(len(items), text, params, stream, cut_after=rng.randint(1, 3) if leave and stream else None,
+                          give_up_s=rng.uniform(0.02, 0.3) if leave and not stream else None, delay_s=delay_s,
+                          drain_first=drain_first))
+
+    short = profile.max_tokens
+    while len(items) < profile.requests:
+        kind = rng.choice(("lone_join", "burst", "trickle"))
+        if kind == "lone_join":
+            add(rng.randint(short, 2 * short), drain_first=True)
+            for j in range(rng.randint(1, 6)):
+                add(rng.randint(1, short), delay_s=rng.uniform(0.1, 0.4) if j == 0 else 0.0)
+        elif kind == "burst":
+            drain = rng.random() < 0.5
+            for j in range(rng.randint(2, 12)):
+                add(rng.randint(1, short), drain_first=drain and j == 0)
+        else:
+            for _ in range(rng.randint(2, 8)):
+                add(rng.randint(1, short), delay_s=rng.expovariate(10.0))
+    return items[: profile.requests]
 
 
 def _args(model: str, it: Item) -> dict:
@@ -150,6 +167,8 @@ async def drive(url: str, model: str, items: list[Item], max_concurrency: int) -
 
         tasks = []
         for it in items:
+            if it.drain_first and tasks:
+                await asyncio.wait(tasks)
             await asyncio.sleep(it.delay_s)
             await sem.acquire()
             tasks.append(asyncio.create_task(run(it)))
