@@ -20,6 +20,7 @@ from gmlx_cli.bench import bench
 from gmlx_cli.convert import convert
 from gmlx_cli.doctor import doctor
 from gmlx_cli.generate import generate
+from gmlx_cli.serve import serve
 from gmlx_cli.sweep import sweep_cap
 
 app = typer.Typer(
@@ -46,6 +47,7 @@ app.command()(bench)
 app.command("sweep-cap")(sweep_cap)
 app.command("train-default")(train_default)
 app.command()(convert)
+app.command()(serve)
 
 
 def _debug_requested(args: Sequence[str]) -> bool:

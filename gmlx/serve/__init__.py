@@ -1,0 +1,13 @@
+"""`gmlx serve`: an OpenAI-compatible HTTP server on the engine (Starlette + uvicorn).
+
+The only part of gmlx that imports a web framework; `import gmlx` never imports it (install the
+`serve` extra: `pip install "gmlx[serve]"`). Parts: protocol.py (requests, validation, errors),
+responses.py (bodies, chunks, server-sent events), bridge.py (engine streams -> the event loop),
+metrics.py (Prometheus), app.py (routes), server.py (uvicorn, signals), loadgen.py (a load
+generator over HTTP for the load test and benchmark).
+"""
+
+from gmlx.serve.app import create_app
+from gmlx.serve.server import Background, run
+
+__all__ = ["Background", "create_app", "run"]

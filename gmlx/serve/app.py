@@ -1,0 +1,224 @@
+"""The HTTP routes (Starlette): OpenAI's completions and chat completions, models, health, metrics.
+
+| route | what |
+|---|---|
+| POST /v1/completions, /v1/chat/completions | generate; `stream: true` answers with server-sent events |
+| GET /v1/models | the one served model |
+| GET /health | 200 {"status": "ok", running, waiting, MLX memory, prompt cache bytes}; 503 once closing |
+| GET /metrics | Prometheus text format (gmlx/serve/metrics.py) |
+
+With an API key, the /v1 routes need `Authorization: Bearer KEY` (401 otherwise); /health and
+/metrics stay open, as in vLLM (bind to localhost, the default, to keep them private).
+Errors are OpenAI error objects: 400 bad input (nothing is queued), 401, 404 unknown model or
+route, 413 body over the limit, 429 engine queue full (with Retry-After), 500 a request the
+engine failed, 503 the engine is closed. Nothing here blocks the event loop: tokenising, the chat
+template and `engine.submit` run in anyio's worker threads (short calls), and the streams are
+read by pump threads (gmlx/serve/bridge.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import mlx.core as mx
+
+from gmlx.engine.stream import FinalRecord, Stream
+from gmlx.errors import EngineClosed, GmlxError, InvalidRequest, Overloaded
+from gmlx.serve.bridge import EventStream, Pump, watch_disconnect
+from gmlx.serve.metrics import CONTENT_TYPE, ServeMetrics
+from gmlx.serve.protocol import ApiError, GenRequest, bad, parse_chat, parse_completion
+from gmlx.serve.responses import DONE, Reply, sse
+
+MAX_BODY_BYTES = 1 << 20
+RETRY_AFTER_S = 1
+
+
+class Api:
+    """The routes' shared state: the engine, the served name, the key, the metrics."""
+
+    def __init__(self, engine, *, model_name: str | None = None, api_key: str | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES):
+        self.engine = engine
+        self.model_name = model_name or engine.lm.name
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.created = int(time.time())
+        self.metrics = ServeMetrics(engine, self.model_name)
+        self.closing = False  # set when shutdown begins (server.py): /health answers 503
+
+    # ---- request plumbing ------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
+                           param=None, code="invalid_api_key")
+
+    async def read_json(self, request: Request) -> dict:
+        limit = self.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise self._too_large()
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise self._too_large()
+        try:
+            data = json.loads(body, parse_constant=_reject_constant)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise bad(f"the body is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise bad("the body must be a JSON object")
+        return data
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
+
+    def _submit(self, req: GenRequest) -> Stream:
+        """In a worker thread: render the chat template, tokenise and queue (all before any
+        engine state changes, so a 400 here leaves nothing queued)."""
+        lm = self.engine.lm
+        prompt, params = req.prompt, req.params
+        if req.kind == "chat":
+            prompt = render_chat(lm, req.messages)
+            params = req.with_prompt_length(len(prompt), lm.context_length)
+        try:
+            return self.engine.submit(prompt, params)
+        except InvalidRequest as e:  # the prompt against the vocabulary and the context
+            raise bad(str(e), _blame(str(e), req)) from None
+        except Overloaded:
+            raise ApiError(429, f"the server's queue is full ({self.engine.config.max_queued} requests waiting); retry"
+                           f" in {RETRY_AFTER_S} s (its operator can raise `gmlx serve --max-queued`)",
+                           type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except EngineClosed as e:
+            raise ApiError(503, str(e), type="server_error", code="engine_closed") from None
+
+    # ---- generation --------------------------------------------------------------------
+    async def generate(self, request: Request, req: GenRequest) -> Response:
+        t0 = time.perf_counter()
+        stream = await anyio.to_thread.run_sync(self._submit, req)
+        pump = Pump(stream, asyncio.get_running_loop())
+        reply = Reply.new(req)
+        if req.stream:
+            return EventStream(self._events(reply, pump, t0), stream.cancel)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_disconnect, request.receive, stream.cancel)
+            rec = await pump.result()
+            tg.cancel_scope.cancel()
+        self._finished(rec, t0)
+        if rec.finish_reason == "error":
+            raise ApiError(500, f"generation failed: {rec.error}", type="server_error", code="generation_failed")
+        return JSONResponse(reply.full(rec))
+
+    async def _events(self, reply: Reply, pump: Pump, t0: float):
+        if reply.chat:
+            yield reply.chunk(role=True)
+        async for pieces, rec in pump.batches():
+            text = "".join(p.text for p in pieces)
+            ids = [p.token for p in pieces if p.token >= 0]
+            if text or (ids and reply.req.return_token_ids):
+                yield reply.chunk(text, ids)
+            if rec is None:
+                continue
+            self._finished(rec, t0)
+            if rec.finish_reason == "error":
+                yield sse(ApiError(500, f"generation failed: {rec.error}", type="server_error",
+                                   code="generation_failed").body())
+            else:
+                yield reply.chunk(record=rec)
+                if reply.req.include_usage:
+                    yield reply.usage_chunk(rec)
+        yield DONE
+
+    def _finished(self, rec: FinalRecord, t0: float) -> None:
+        self.metrics.finished(rec, time.perf_counter() - t0)
+
+
+def render_chat(lm, messages: list[dict]) -> list[int]:
+    """The prompt's token ids through the tokenizer's chat template, ready for the assistant's turn."""
+    tok = lm.tokenizer
+    if not getattr(tok, "has_chat_template", False):
+        raise bad(f"the model `{lm.name}` has no chat template (a base or code model); use /v1/completions with a"
+                  " plain prompt", "messages", "chat_template_missing")
+    try:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as e:  # the template's own checks (e.g. roles must alternate): the request is at fault
+        raise bad(f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages") from None
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def _blame(message: str, req: GenRequest) -> str | None:
+    if "max_tokens" in message:
+        return "max_completion_tokens" if req.kind == "chat" and req.max_tokens is None else "max_tokens"
+    if "prompt" in message:
+        return "messages" if req.kind == "chat" else "prompt"
+    return None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app serving `engine` (which the caller owns and closes). `app.state.api` holds the
+    routes' state."""
+    api = Api(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes)
+
+    def endpoint(parse):
+        async def handler(request: Request) -> Response:
+            api.authorize(request)
+            return await api.generate(request, parse(await api.read_json(request), api.model_name))
+        return handler
+
+    async def models(request: Request) -> Response:
+        api.authorize(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": api.model_name, "object": "model", "created": api.created, "owned_by": "gmlx"}]})
+
+    async def health(request: Request) -> Response:
+        service, pc = engine.service, engine.prompt_cache
+        waiting = service.queued
+        body = {"status": "closing" if api.closing else "ok", "model": api.model_name, "waiting": waiting,
+                "running": max(0, service.open_streams - waiting), "mlx_active_memory_bytes": mx.get_active_memory(),
+                "prompt_cache_bytes": pc.nbytes if pc is not None else 0, "speculative": engine.speculative}
+        return JSONResponse(body, status_code=503 if api.closing else 200)
+
+    async def metrics(request: Request) -> Response:
+        return Response(api.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def on_api_error(request: Request, exc: ApiError) -> Response:
+        api.metrics.rejected_with(exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def on_http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+        return await on_api_error(request, ApiError(exc.status_code, f"{request.method} {request.url.path}:"
+                                                    f" {exc.detail}", code=kind, headers=dict(exc.headers or {})))
+
+    async def on_crash(request: Request, exc: Exception) -> Response:
+        message = str(exc) if isinstance(exc, GmlxError) else f"internal error: {type(exc).__name__}: {exc}"
+        return await on_api_error(request, ApiError(500, message, type="server_error"))
+
+    routes = [Route("/v1/completions", endpoint(parse_completion), methods=["POST"]),
+              Route("/v1/chat/completions", endpoint(parse_chat), methods=["POST"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
+    app = Starlette(routes=routes, exception_handlers={ApiError: on_api_error, HTTPException: on_http_error,
+                                                       Exception: on_crash})
+    app.state.api = api
+    return app

@@ -1,0 +1,57 @@
+"""Chat completions on a real instruct model (SmolLM2-135M-Instruct, its GGUF converted to float32:
+MLX's CPU quantized kernels make the q conversion's prefill ~10x slower here): the tokenizer's chat
+template is rendered with the generation prompt, the model answers, and it stops at its own end
+of turn ("stop"); streaming and not give the same answer."""
+
+from __future__ import annotations
+
+import pytest
+from serve_helpers import serving
+
+QUESTION = [{"role": "system", "content": "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},
+            {"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def chat_srv(smollm2):
+    with serving(smollm2.load("float32")) as s:
+        yield s
+
+
+def test_chat_renders_the_template_and_answers(chat_srv):
+    lm = chat_srv.engine.lm
+    client = chat_srv.client()
+    r = client.chat.completions.create(model=chat_srv.model, messages=QUESTION, max_completion_tokens=12,
+                                       temperature=0, extra_body={"return_token_ids": True})
+    choice = r.choices[0]
+    rendered = lm.tokenizer.decode(r.model_extra["prompt_token_ids"])
+    assert rendered == lm.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
+    assert rendered.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert choice.message.role == "assistant" and "Paris" in choice.message.content, choice.message.content
+    assert choice.finish_reason == "stop"  # the model's own <|im_end|>, not the budget
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.usage.completion_tokens == len(choice.model_extra["token_ids"]) < 12
+
+    chunks = list(client.chat.completions.create(model=chat_srv.model, messages=QUESTION, max_tokens=12,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    first, *body, finish, last = chunks
+    assert first.choices[0].delta.role == "assistant" and not first.choices[0].delta.content
+    assert "".join(c.choices[0].delta.content or "" for c in body) == choice.message.content
+    assert finish.choices[0].finish_reason == "stop" and all(c.object == "chat.completion.chunk" for c in chunks)
+    assert last.choices == [] and last.usage.completion_tokens == r.usage.completion_tokens
+    chat_srv.wait_idle()
+
+
+def test_a_conversation_and_text_parts(chat_srv):
+    """Multi-turn input and content given as text parts render like plain strings."""
+    convo = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]},
+             {"role": "assistant", "content": "Paris."},
+             {"role": "developer", "content": "Answer in one word."}]
+    r = chat_srv.post("/v1/chat/completions", json={"messages": convo, "max_tokens": 1, "temperature": 0,
+                                                   "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    text = chat_srv.engine.lm.tokenizer.decode(r.json()["prompt_token_ids"])
+    assert "<|im_start|>user\nWhat is the capital of France?<|im_end|>" in text
+    assert "<|im_start|>assistant\nParis.<|im_end|>" in text
+    assert "<|im_start|>system\nAnswer in one word.<|im_end|>" in text  # developer is OpenAI's newer system
+    assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
