@@ -136,7 +136,7 @@ class EngineConfig:
     max_queued: int = 256
     prompt_cache_bytes: int = 64 << 20  # 0 disables the prompt cache
     prefill_step_size: int = 512
-    drafter: str | None = None  # "mtp" | "draft" | "assistant"; None: draft model if given, else mtp, else assistant
+    drafter: str | None = None  # "mtp" | "draft" | "assistant" | "ngram"; None: draft model if given, else mtp, else assistant
     draft_model: str | None = None  # a local mlx-lm model directory with the target's tokenizer
 
     def validated(self) -> "EngineConfig":
@@ -149,6 +149,6 @@ class EngineConfig:
             raise InvalidRequest("resume_min_remaining must be >= 0")
         if self.max_queued < 1:
             raise InvalidRequest("max_queued must be >= 1")
-        if self.drafter not in (None, "mtp", "draft", "assistant"):
-            raise InvalidRequest(f"drafter must be 'mtp', 'draft' or 'assistant', got {self.drafter!r}")
+        if self.drafter not in (None, "mtp", "draft", "assistant", "ngram"):
+            raise InvalidRequest(f"drafter must be 'mtp', 'draft', 'assistant' or 'ngram', got {self.drafter!r}")
         return self

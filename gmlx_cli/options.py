@@ -73,8 +73,9 @@ DraftModelOpt = Annotated[
 ]
 DrafterOpt = Annotated[
     str | None,
-    typer.Option("--drafter", help="Drafter kind: mtp (the model's MTP head), draft (--draft-model) or assistant"
-                 " (a KV-sharing assistant head beside the model). Default: draft if --draft-model, else mtp,"
+    typer.Option("--drafter", help="Drafter kind: mtp (the model's MTP head), draft (--draft-model), assistant"
+                 " (a KV-sharing assistant head beside the model) or ngram (prompt lookup: copies from the"
+                 " request's own prompt and output; any model). Default: draft if --draft-model, else mtp,"
                  " else assistant.", show_default=False, rich_help_panel=_SPEC),
 ]
 SpeculativeOpt = Annotated[

@@ -2,8 +2,11 @@
 
 Kinds: "mtp" (an MTP head shipped with the target: gmlx's own or a native checkpoint layout),
 "draft" (a separate small model with the target's tokenizer: --draft-model), "assistant" (a
-KV-sharing assistant head shipped beside the target). With no kind asked for: a draft model
-when one is given (the caller asked for it), else the MTP head, else the assistant head.
+KV-sharing assistant head shipped beside the target), "ngram" (prompt lookup: drafts copied from
+the row's own context; needs no files, so any target that can roll back has it). With no kind
+asked for: a draft model when one is given (the caller asked for it), else the MTP head, else the
+assistant head; never ngram, which is asked for by name (it pays only where the output repeats
+its context, and the model's own drafter, trained for it, is the better default).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from gmlx.models import family
 from gmlx.models.loading import LoadedModel, no_drafter_message, no_rollback_message
 from gmlx.drafters.base import Drafter
 
-KINDS = ("mtp", "draft", "assistant")
+KINDS = ("mtp", "draft", "assistant", "ngram")
 _PROBE = "def f(x):\n    return [x, 'é', 12345]  # the same tokenizer?\n"
 
 
@@ -75,6 +78,8 @@ def available(lm, draft_lm=None) -> list[str]:
         out.append("draft")
     if has_assistant(lm):
         out.append("assistant")
+    if lm.can_rollback:
+        out.append("ngram")
     return out
 
 
@@ -96,6 +101,10 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
             kind = "assistant"
         else:
             return None
+    if kind == "ngram":
+        from gmlx.drafters.ngram import NGramDrafter
+
+        return NGramDrafter()
     if kind == "draft":
         if draft_lm is None:
             raise NoDrafterError("drafter 'draft' needs a draft model (--draft-model PATH)")
