@@ -204,7 +204,7 @@ def bench(
         ui.notice(line)
     for r in reqs:  # the engine's own validation, as submit() will do it
         make_row(lm, ids[r.request_id], r.params)
-    arms = plan_arms(ab, baselines, env, bool(draft_model) or bool(can_draft(lm)))
+    arms = plan_arms(ab, baselines, env, bool(draft_model) or can_draft(lm, drafter))
     human = sys.stderr if json_output else sys.stdout
     if seed_drawn:  # the workload (budgets, arrivals, sampling) replays only with this seed
         print(f"seed: {seed} (drawn at random; --seed {seed} replays this workload)", file=human, flush=True)

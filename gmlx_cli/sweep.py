@@ -150,9 +150,9 @@ def sweep_cap(
     specs = load_prompt_specs(prompts)
     blas.warn_if_reference()
     lm = _gen._load_model(model)
-    if not draft_model and not can_draft(lm):
+    if not draft_model and not can_draft(lm, drafter):
         raise InvalidRequest(f"{lm.name} has no MTP or assistant head: there is no speculation to calibrate"
-                             " (--draft-model PATH drafts with a small model)")
+                             " (--draft-model PATH drafts with a small model; --drafter ngram needs none)")
     draft = str(draft_model) if draft_model else None
     ks = ks_given or [lm.default_k]
     ids = [list(lm.tokenizer.encode(s.prompt)) for s in specs]

@@ -83,24 +83,25 @@ def test_the_suffix_never_matches_itself():
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=60), st.lists(st.integers(1, 5), max_size=12),
        st.integers(1, 6), st.integers(1, 3), st.integers(0, 2))
 def test_incremental_index_equals_the_reference(seq, chunks, k, n_min, extra):
-    """The row grows between drafts (as emission appends a round's tokens); every draft equals the
-    brute-force rule on the whole sequence."""
+    """The row grows between drafts (each commit appends a round's verified tokens); every draft
+    equals the brute-force rule on the whole sequence."""
     n_max = n_min + extra
     d = NGramDrafter(n_min=n_min, n_max=n_max)
     cut = max(1, len(seq) // 3)
-    row = FakeRow(seq[:cut])
-    st_ = d.start([row], [None])
+    st_ = d.start([FakeRow(seq[:cut])], [None])
     rest, pos = seq[cut:], 0
     for c in chunks + [len(rest)]:
-        assert drafts_of(d, st_, k) == [reference(row.prompt + row.tokens, k, n_min, n_max)]
-        row.tokens.extend(rest[pos:pos + c])
-        pos += c
+        assert drafts_of(d, st_, k) == [reference(seq[:cut + pos], k, n_min, n_max)]
+        got = rest[pos:pos + c]
+        if got:  # a round verifies at least its bonus
+            d.commit(st_, k, np.array([len(got) - 1]), None, np.array([got]))
+        pos += len(got)
     assert drafts_of(d, st_, k) == [reference(seq, k, n_min, n_max)]
 
 
 def test_lookup_helper_agrees_with_reference():
     seq = [1, 2, 1, 2, 3, 1, 2, 1, 2]
-    ix = ngram.RowIndex(FakeRow(seq))
+    ix = ngram.RowIndex(list(seq))
     ix.sync(1, 4)
     for k in (1, 3, 9):
         assert lookup(seq, ix.after, k, 1, 4) == reference(seq, k, 1, 4)
@@ -130,9 +131,9 @@ def test_filter_and_merge_keep_rows_aligned():
     assert drafts_of(d, st, 3) == [WANT["a"], WANT["b"], WANT["c"]]
     st = d.filter(st, [2, 0])  # the given order
     assert d.width(st) == 2 and drafts_of(d, st, 3) == [WANT["c"], WANT["a"]]
-    rows["a"].tokens += [3, 4, 1, 2]  # a row grows: only its own drafts change
-    assert drafts_of(d, st, 3) == [WANT["c"], [3, 4, 1]]
-    st = d.merge(d.filter(st, [1]), d.capture([rows["b"]], None, None))
+    d.commit(st, 3, np.array([0, 3]), None, np.array([[5, 0, 0, 0], [3, 4, 1, 2]]))  # each row its own tokens
+    assert drafts_of(d, st, 3) == [reference(ROWS["c"] + [5], 3, 2, 4), [3, 4, 1]]
+    st = d.merge(d.filter(st, [1]), d.capture([rows["b"]], None, np.array([[9]])))  # b re-armed after a gate
     assert drafts_of(d, st, 2) == [[3, 4], []]
 
 
@@ -162,8 +163,8 @@ def test_host_only_one_array_per_draft(monkeypatch):
     assert guard.made == 0
     out = d.draft(st, 3, None, [])
     assert guard.made == 1 and isinstance(out, mx.array)
-    d.commit(st, 3, np.array([1, 0, 2]), None, None)
-    d.capture(rows, None, None)
+    d.commit(st, 3, np.array([1, 0, 2]), None, np.zeros((3, 4), dtype=np.int32))
+    d.capture(rows, None, np.zeros((3, 1), dtype=np.int32))
     assert guard.made == 1
 
 
@@ -192,8 +193,8 @@ def test_rows_with_different_draft_counts_equal_solo(lm, prompts, t):
     every stream equals its solo plain stream."""
     eng = engine(lm, 2, drafter="ngram", resume_min_remaining=2)
     arrivals = {0: [("loop", prompts[7], P(40, seed=1, t=t))],  # the model writes "#\n" over and over
-                2: [("fresh", list(range(1000, 1009)), P(10, seed=2, t=t))],  # distinct ids: no match
-                5: [("late", prompts[31], P(12, seed=4, t=t))]}
+                1: [("fresh", list(range(1000, 1009)), P(10, seed=2, t=t))],  # distinct ids: no match
+                4: [("late", prompts[31], P(12, seed=4, t=t))]}
     run = drive(eng, arrivals)
     assert check_solo(lm, run) <= 1
     tr = run.transitions()

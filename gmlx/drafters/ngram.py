@@ -10,15 +10,16 @@ that followed it, fewer where the history ends sooner. A row whose suffix never 
 nothing that round (`draft_lengths`: 0 for that row; the lanes verify only the columns some row
 drafted and accept at most each row's own count).
 
-State per row: the `Row` itself (row.prompt + row.tokens is the sequence; its last token is the
-pending bonus, the drafts follow it) and an index from each n-gram to the position of the token
-after its most recent occurrence. A draft first brings the index up to date with the tokens
-emitted since the last one (rows grow only by emission, which runs after each round's commit),
-so it costs O(new tokens x n range + n_max + k) per row whatever the sequence's length; the first
-draft of a row indexes its whole history once (O(length) on the host, built in C: a few ms per
-thousand tokens, far below the prefill). `commit` has nothing to roll back (rejected drafts never
-reach a row); `capture` (re-arming after a gate) starts fresh indexes, so each row's history is
-indexed again at its next draft.
+State per row: its sequence (the prompt and every verified token; the last is the pending bonus,
+the drafts follow it) and an index from each n-gram to the position of the token after its most
+recent occurrence. The sequence grows at `commit` by the round's verified tokens (the accepted
+drafts and the bonus): a lane dispatches the next round before the engine emits this one, so the
+row's own token list may lag a round behind. A draft first brings the index up to date with the
+tokens added since the last one, so it costs O(new tokens x n range + n_max + k) per row whatever
+the sequence's length; the first draft of a row indexes its whole history once (O(length) on the
+host, built in C: a few ms per thousand tokens, far below the prefill). Rejected drafts never
+enter a sequence, so there is nothing to roll back; `capture` (re-arming after a gate) starts
+fresh sequences from the rows and the capture round's tokens.
 """
 
 from __future__ import annotations
@@ -43,20 +44,16 @@ N_MIN = 2
 
 @dataclass(slots=True)
 class RowIndex:
-    """One row's sequence (a copy, extended from the row as it grows) and its n-gram index."""
+    """One row's sequence (prompt and verified tokens) and its n-gram index."""
 
-    row: object  # gmlx.engine.row.Row (read only)
-    seq: list[int] = field(default_factory=list)
+    seq: list[int]
     after: dict[tuple[int, ...], int] = field(default_factory=dict)  # n-gram -> position after its latest occurrence
     indexed: int = 0  # positions i < indexed are in `after` (as the token that follows an n-gram)
 
     def sync(self, n_min: int, n_max: int) -> list[int]:
-        """Take the tokens the row emitted since the last call; index every n-gram that now has a
-        following token (the sequence's own suffix has none yet, so it never matches itself)."""
-        row, seq = self.row, self.seq
-        if len(seq) < len(row.prompt):
-            seq.extend(row.prompt[len(seq):])
-        seq.extend(row.tokens[len(seq) - len(row.prompt):])
+        """Index every n-gram that gained a following token since the last call (the sequence's
+        own suffix has none yet, so it never matches itself)."""
+        seq = self.seq
         end = len(seq)
         for n in range(n_min, n_max + 1):
             lo = max(self.indexed, n)  # i in [lo, end): the n-gram seq[i-n:i] and its next token seq[i]
@@ -96,11 +93,11 @@ class NGramDrafter(Drafter):
             raise InvalidRequest(f"ngram drafter: need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
         self.n_min, self.n_max = n_min, n_max
 
-    def _state(self, rows) -> NGramRows:
-        return NGramRows([RowIndex(r) for r in rows], np.zeros(len(rows), dtype=np.int64))
+    def _state(self, seqs: list[list[int]]) -> NGramRows:
+        return NGramRows([RowIndex(s) for s in seqs], np.zeros(len(seqs), dtype=np.int64))
 
     def start(self, rows, pres) -> NGramRows:
-        return self._state(rows)
+        return self._state([list(r.prompt) + list(r.tokens) for r in rows])
 
     def merge(self, a: NGramRows, b: NGramRows) -> NGramRows:
         return NGramRows(a.rows + b.rows, np.concatenate([a.lengths, b.lengths]))
@@ -127,7 +124,11 @@ class NGramDrafter(Drafter):
         return st.lengths
 
     def commit(self, st: NGramRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
-        pass  # the accepted tokens reach the rows through emission; the next draft indexes them
+        """Append each row's verified tokens: its accepted drafts, then the bonus."""
+        verified = np.array(targets)  # sync: none in practice, the round's tokens were read already
+        for ix, t, a in zip(st.rows, verified, accepted):
+            ix.seq.extend(t[: int(a) + 1].tolist())  # sync: none, numpy data
 
     def capture(self, rows, hidden, targets) -> NGramRows:
-        return self._state(rows)
+        verified = np.array(targets)  # sync: none in practice, the capture round's tokens were read already
+        return self._state([list(r.prompt) + list(r.tokens) + [int(t[0])] for r, t in zip(rows, verified)])

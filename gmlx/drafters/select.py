@@ -83,9 +83,10 @@ def available(lm, draft_lm=None) -> list[str]:
     return out
 
 
-def can_draft(lm) -> bool:
-    """Does the model ship a drafter of its own (an MTP or assistant head)?"""
-    return lm.head is not None or has_assistant(lm)
+def can_draft(lm, kind: str | None = None) -> bool:
+    """Can this model speculate with the drafter kind asked for (None: its own default)? A model
+    drafts with what it ships (an MTP or assistant head); prompt lookup needs nothing shipped."""
+    return kind == "ngram" or lm.head is not None or has_assistant(lm)
 
 
 def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int = 512) -> Drafter | None:
