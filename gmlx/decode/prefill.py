@@ -33,7 +33,7 @@ def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, wan
             hiddens.append(h)
             mx.eval(h, [c.state for c in cache])  # sync: bound the graph per prefill chunk
         else:
-            target.backbone(chunk, cache=cache)
+            target.run_backbone(chunk, cache=cache)
             mx.eval([c.state for c in cache])  # sync: bound the graph per prefill chunk
     if not want_hidden or not hiddens:
         return None

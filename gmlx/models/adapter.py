@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from gmlx.errors import ModelLoadError
+from gmlx.models import dequantized
 from gmlx.models.heads import HIDDEN_CONVENTIONS, POST_NORM, PRE_NORM
 
 
@@ -43,26 +44,36 @@ class Target:
         if hidden_convention not in HIDDEN_CONVENTIONS:
             raise ValueError(f"hidden_convention must be one of {HIDDEN_CONVENTIONS}, got {hidden_convention!r}")
         self.model = model
-        self.backbone = backbone
-        self.embed_tokens = backbone.embed_tokens
-        self.final_norm = backbone.norm
         self.hidden_convention = hidden_convention
-        self._hidden_backbone = backbone if hidden_convention == POST_NORM else _without_final_norm(backbone)
-        # Wrapped families (qwen3_5: Model.language_model.{model, lm_head}) keep the head one level down.
-        owner = getattr(model, "language_model", model)
-        args = getattr(owner, "args", None)
-        tied = getattr(args, "tie_word_embeddings", not hasattr(owner, "lm_head"))
-        self.lm_head = self.embed_tokens.as_linear if tied or not hasattr(owner, "lm_head") else owner.lm_head
-        self.hidden_size = int(self.embed_tokens.weight.shape[1])
+        self.backbone, self._hidden_backbone, self.final_norm, self.lm_head = _parts(model, hidden_convention)
+        self.embed_tokens = self.backbone.embed_tokens
+        # A QuantizedEmbedding packs its weight (uint32 words): its `dims` is the hidden size.
+        self.hidden_size = int(getattr(self.embed_tokens, "dims", self.embed_tokens.weight.shape[1]))
         self.vocab_size = int(self.embed_tokens.weight.shape[0])
         self.num_layers = len(backbone.layers)
+        # A quantized model on the CPU runs its multi-token forwards through a dequantized twin
+        # (gmlx/models/dequantized.py): a verify of k+1 tokens then costs ~1.3 steps, not k+1.
+        self.wide = None
+        if dequantized.wanted(model):
+            self.wide = _parts(dequantized.materialized(model), hidden_convention)
+
+    def _for(self, n: int) -> tuple:
+        """The backbone, hidden backbone, final norm and LM head for a forward of n tokens."""
+        if n > 1 and self.wide is not None:
+            return self.wide
+        return self.backbone, self._hidden_backbone, self.final_norm, self.lm_head
 
     def __call__(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
         """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] in this target's convention)."""
-        hidden = self._hidden_backbone(tokens, cache=cache)
+        _, hidden_backbone, final_norm, lm_head = self._for(tokens.shape[1])
+        hidden = hidden_backbone(tokens, cache=cache)
         if self.hidden_convention == PRE_NORM:
-            return self.lm_head(self.final_norm(hidden)), hidden
-        return self.lm_head(hidden), hidden
+            return lm_head(final_norm(hidden)), hidden
+        return lm_head(hidden), hidden
+
+    def run_backbone(self, tokens: mx.array, cache: list) -> mx.array:
+        """The backbone alone (prefill without hidden capture)."""
+        return self._for(tokens.shape[1])[0](tokens, cache=cache)
 
     def logits(self, tokens: mx.array, cache: list) -> mx.array:
         """The plain path: exactly mlx-lm's forward."""
@@ -82,6 +93,18 @@ class Target:
                 f"{type(self.model).__module__}: logits are not lm_head(model.model(x)); this family post-processes"
                 " logits and is not supported yet (use --no-speculative with mlx-lm instead)"
             )
+
+
+def _parts(model: nn.Module, hidden_convention: str) -> tuple:
+    """(backbone, the backbone returning this convention's hidden, final norm, LM head)."""
+    backbone = model.model
+    hidden_backbone = backbone if hidden_convention == POST_NORM else _without_final_norm(backbone)
+    # Wrapped families (qwen3_5: Model.language_model.{model, lm_head}) keep the head one level down.
+    owner = getattr(model, "language_model", model)
+    args = getattr(owner, "args", None)
+    tied = getattr(args, "tie_word_embeddings", not hasattr(owner, "lm_head"))
+    lm_head = backbone.embed_tokens.as_linear if tied or not hasattr(owner, "lm_head") else owner.lm_head
+    return backbone, hidden_backbone, backbone.norm, lm_head
 
 
 def _without_final_norm(backbone: nn.Module) -> nn.Module:

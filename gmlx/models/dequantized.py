@@ -1,0 +1,71 @@
+"""A dequantized twin of a quantized target, for its multi-token forwards on the CPU.
+
+MLX's quantized matmul on the CPU costs about L decode steps for L rows (SmolLM2-135M at 4 bits:
+a forward of 4 tokens costs 3.5 one-token steps, 16 tokens 13.5), so a verify of k+1 tokens costs
+k+1 steps and speculation can never pay there, while a float32 matmul through OpenBLAS costs
+~1.5 steps for 4 rows. The twin is the
+same module tree with every QuantizedLinear / QuantizedEmbedding replaced by its float32
+dequantization (the same weights: scale * q + bias per group), sharing everything else; the
+target uses it for forwards of more than one token (verify, prefill) and keeps the quantized
+model for one-token decode steps, where memory bandwidth favours it. The two paths round
+differently (other kernels), as a verify and a decode step always do: streams stay equal to
+plain decoding up to near-ties (docs/design.md §3). Costs 4 bytes per weight in memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+
+def wanted(model: nn.Module) -> bool:
+    """Quantized layers, on the CPU, not switched off (GMLX_DEQUANTIZED_VERIFY=0)."""
+    if os.environ.get("GMLX_DEQUANTIZED_VERIFY", "1").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return False  # GPU kernels verify k+1 quantized rows at about one step's cost
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+
+
+def _dequantized(m: nn.Module) -> mx.array:
+    return mx.dequantize(m.weight, m.scales, m.get("biases"), m.group_size, m.bits, mode=m.mode, dtype=mx.float32)
+
+
+def twin(module: nn.Module) -> nn.Module:
+    """The module with its quantized layers dequantized (other arrays shared, not copied)."""
+    if isinstance(module, nn.QuantizedLinear):
+        out, _ = module.weight.shape
+        lin = nn.Linear(1, out, bias="bias" in module)
+        lin.weight = _dequantized(module)
+        if "bias" in module:
+            lin.bias = module.bias
+        return lin
+    if isinstance(module, nn.QuantizedEmbedding):
+        emb = nn.Embedding(module.num_embeddings, module.dims)
+        emb.weight = _dequantized(module)
+        return emb
+    out = copy.copy(module)  # nn.Module is a dict of its children: a shallow copy shares the rest
+    for name, child in module.children().items():
+        out[name] = _twin_value(child)
+    return out
+
+
+def _twin_value(v):
+    if isinstance(v, nn.Module):
+        return twin(v)
+    if isinstance(v, list):
+        return [_twin_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _twin_value(x) for k, x in v.items()}
+    return v
+
+
+def materialized(model: nn.Module) -> nn.Module:
+    """The twin with its dequantized weights computed now (at load time, not in a first verify)."""
+    out = twin(model)
+    mx.eval([v for _, v in tree_flatten(out.parameters())])  # sync: once, at load time
+    return out

@@ -1,0 +1,84 @@
+"""Quantized targets (mlx-lm's own `convert -q`, the format most MLX users run): on the CPU their
+multi-token forwards go through a dequantized twin (gmlx/models/dequantized.py) so a verify is
+cheap, and every stream still equals the same request decoded alone without speculation."""
+
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from engine_helpers import P, check_solo, drive, engine
+from gmlx.models.loading import default_model_path, load
+from gmlx.testing import run_scalar
+from numerics import same_stream
+
+LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
+
+
+@pytest.fixture(scope="module")
+def q4(tmp_path_factory):
+    from mlx_lm import convert
+
+    out = tmp_path_factory.mktemp("q4") / "model"
+    convert(str(default_model_path()), mlx_path=str(out), quantize=True, q_bits=4, q_group_size=64)
+    for f in ("mtp_config.json", "mtp_head.safetensors"):  # the MTP head travels beside, as users copy it
+        shutil.copy(default_model_path() / f, out / f)
+    from engine_helpers import with_eos
+
+    return with_eos(load(out), ())
+
+
+def test_the_twin_holds_the_same_weights(q4):
+    """Every quantized layer has a float32 twin equal to its dequantization; the rest is shared."""
+    t = q4.target
+    assert t.wide is not None and t.hidden_size == 256
+    quantized = dict(t.model.named_modules())
+    twins = dict(t.wide[0].named_modules())  # the twin's backbone
+    n = 0
+    for name, m in t.backbone.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits)
+            assert mx.array_equal(twins[name].weight, w).item()  # sync: test check (same op, same shapes)
+            n += 1
+        elif isinstance(m, nn.RMSNorm):
+            assert twins[name].weight is m.weight  # shared, not copied
+    assert n >= 8 * 7 and quantized  # 7 linear layers per block
+
+
+@pytest.mark.numerics
+def test_wide_and_narrow_forwards_agree(q4):
+    """A 4-token forward through the twin and four 1-token quantized steps give the same logits
+    (to within the rounding of other kernels) and the same greedy tokens."""
+    t = q4.target
+    ids = mx.array([[5, 77, 301, 9, 1200, 42, 7, 88]], dtype=mx.int32)
+    c1, c2 = t.make_cache(), t.make_cache()
+    wide, _ = t(ids, c1)
+    steps = [t(ids[:, i:i + 1], c2)[0] for i in range(ids.shape[1])]
+    narrow = mx.concatenate(steps, axis=1)
+    from numerics import assert_close
+
+    # Different kernels on 4-bit weights: a looser bound than a float32 reorder, same argmax.
+    assert_close(wide, narrow, dtype=mx.float16, msg="wide vs narrow logits")
+    assert mx.array_equal(mx.argmax(wide, -1), mx.argmax(narrow, -1)).item()  # sync: test check
+
+
+@pytest.mark.parametrize("t", [0.0, 0.8])
+def test_scalar_speculation_equals_plain(q4, prompts, t):
+    for i in (3, 11):
+        params = P(40, seed=i, t=t)
+        spec = run_scalar(q4, prompts[i], params)
+        plain = run_scalar(q4, prompts[i], params, speculative=False)
+        same_stream(q4, prompts[i], plain.tokens, spec.tokens, params)
+        assert spec.stats.num_drafted > 0
+
+
+def test_schedule_equals_solo(q4, prompts):
+    """Scalar, preempt, a batch, gate (a third row over cap 2) and resume, greedy and seeded."""
+    eng = engine(q4, 2, resume_min_remaining=2, num_draft_tokens=3)
+    run = drive(eng, {0: [("a", prompts[12], P(30, seed=1))], 3: [("b", prompts[13], P(10, seed=2, t=0.8))],
+                      6: [("c", prompts[14], P(8, seed=3))]})
+    check_solo(q4, run)
+    tr = run.transitions()
+    assert "preempt" in tr and "gate" in tr and "resume" in tr, tr
+    eng.close()
