@@ -26,7 +26,7 @@ from gmlx.errors import InvalidRequest
 from gmlx.engine.metrics import EventKind
 from gmlx.drafters.select import can_draft
 from gmlx_cli import generate as _gen
-from gmlx_cli import ui
+from gmlx_cli import ideal, ui
 from gmlx_cli.fit import check_prompts, fit_requests, max_tokens_error
 from gmlx_cli.live import LiveView, print_table
 from gmlx_cli.options import (DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt, OutDirOpt, PromptsFileOpt, RepeatsOpt,
@@ -62,14 +62,18 @@ def measure(lm, prompts: list[list[int]], width: int, max_tokens: int, config: E
     recs = [s.wait(0) for s in streams]
     drafted = sum(r.stats.get("num_drafted", 0) for r in recs)
     accepted = sum(r.stats.get("num_accepted", 0) for r in recs)
+    rounds = sum(r.stats.get("num_rounds", 0) for r in recs)  # per row: rounds that drafted
     return {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "tokens": tokens, "seconds": seconds,
-            "draft_acceptance_rate": accepted / drafted if drafted else float("nan")}
+            "draft_acceptance_rate": accepted / drafted if drafted else float("nan"), "rounds": rounds,
+            "tokens_per_round": (rounds + accepted) / rounds if rounds else float("nan"),
+            "drafts_per_round": drafted / rounds if rounds else float("nan")}
 
 
 def recommend(summary: list[dict], margin: float) -> int | str:
     """The largest W with speedup >= margin at every measured batch width <= W; "off" when the
-    smallest batch width already loses (distinct from 0, which means uncapped). Width 1 is
-    measured for information only: one request runs the scalar loop, which the cap never gates."""
+    smallest batch width already loses (distinct from 0, which means uncapped). Width 1 does not
+    bound the cap (one request runs the scalar lane, which the cap never gates); it calibrates the
+    lone request's own K instead (`lone_request_k`)."""
     cap: int | str = caps.OFF
     for row in sorted(summary, key=lambda r: r["width"]):
         if row["width"] < 2:
@@ -105,10 +109,19 @@ def explain(summary: list[dict], margin: float, cap: int | str) -> str:
     return why
 
 
-def at_cap(width: int, cap: int | str) -> str:
-    """What the batch runs at this width under `cap` (the table's "at cap" column)."""
-    if width < 2:
-        return "scalar"  # one request: the scalar loop, which always speculates
+def lone_request_k(summary: list[dict], margin: float) -> dict[int, int]:
+    """Width 1 is a lone request's own calibration: its best K where speculation won there by the
+    margin, else 0 (the engine then decodes lone requests plain on this machine)."""
+    one = next((r for r in summary if r["width"] == 1), None)
+    if one is None:
+        return {}
+    return {1: one["best_k"] if one["speedup"] >= margin else 0}
+
+
+def at_cap(width: int, cap: int | str, k_by_width: dict[int, int] | None = None) -> str:
+    """What runs at this width under `cap` and the per-width K (the table's "at cap" column)."""
+    if width < 2:  # one request: the scalar lane, speculating unless width 1 was calibrated plain
+        return "plain" if (k_by_width or {}).get(1) == 0 else "scalar"
     return "spec" if cap != caps.OFF and width <= cap else "plain"
 
 
@@ -185,6 +198,8 @@ def sweep_cap(
     df = results.sweep_frame(rows)
     summary = results.sweep_summary(df, ws, ks)
     cap = recommend(summary, margin) if summary and not interrupted else None
+    if cap is not None:
+        ideal.annotate(summary, lm, config)
     mkey, machine = Engine(lm, config(ks[0])).model_key, caps.machine_key()
     payload = {"meta": results.metadata(command="sweep-cap", model=lm.name, model_path=str(lm.path), options=options,
                                         interrupted=interrupted, model_key=mkey, machine_key=machine),
@@ -193,12 +208,18 @@ def sweep_cap(
                "measurements": results.records(df), "recommended_cap": cap, "written": None, "validate": None}
     if cap is not None:
         payload["recommendation"] = explain(summary, margin, cap)
+        k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and 2 <= r["width"] <= cap}
+        k_by_width.update(lone_request_k(summary, margin))
+        payload["num_draft_tokens_by_width"] = k_by_width
         print_table("speculative vs plain, aggregate tokens/s (steady state, medians)",
-                    *results.sweep_table(summary, ks, margin, [at_cap(r["width"], cap) for r in summary]), human)
+                    *results.sweep_table(summary, ks, margin,
+                                         [at_cap(r["width"], cap, k_by_width) for r in summary]), human)
         print(f"recommended speculative_width_cap: {cap} ({payload['recommendation']})", file=human, flush=True)
-        k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and r["width"] <= cap}
+        if 1 in k_by_width:
+            print(f"a lone request: {'K = %d' % k_by_width[1] if k_by_width[1] else 'plain (speculation lost at width 1)'}",
+                  file=human, flush=True)
         if write:
-            path = caps.write_cap(mkey, cap, k_by_width=k_by_width if len(ks) > 1 else None, machine=machine)
+            path = caps.write_cap(mkey, cap, k_by_width=k_by_width or None, machine=machine)
             payload["written"] = str(path)
             print(f"wrote speculative_width_cap = {cap} for {mkey} on {machine} to {path}", file=human, flush=True)
         if validate:

@@ -62,14 +62,18 @@ def _fastest(fns: list) -> list[float]:
     return best
 
 
-def measure(target: Target, drafter: Drafter | None, max_k: int) -> Costs:
+def measure(target: Target, drafter: Drafter | None, max_k: int, width: int = 1) -> Costs:
+    """Costs at this batch width: rows of the same context decoding together (t(1) is then a
+    plain step of the whole batch, the unit a batch round is compared with)."""
     ids = [(7 * i + 3) % target.vocab_size for i in range(_CONTEXT + max_k + 1)]
     cache = target.make_cache()
-    hidden = prefill(target, cache, [ids[: _CONTEXT - 1]], _CONTEXT, want_hidden=True)
+    hidden = prefill(target, cache, [ids[: _CONTEXT - 1]] * width, _CONTEXT, want_hidden=True)
 
     def forward(n: int):
+        x = mx.array([ids[_CONTEXT - 1: _CONTEXT - 1 + n]] * width, dtype=mx.int32)
+
         def run():
-            logits, h = target(mx.array([ids[_CONTEXT - 1: _CONTEXT - 1 + n]], dtype=mx.int32), cache)
+            logits, h = target(x, cache)
             mx.eval(logits, h)  # sync: the probe times whole forwards
             for c in cache:
                 c.trim(n)
@@ -77,21 +81,22 @@ def measure(target: Target, drafter: Drafter | None, max_k: int) -> Costs:
 
     t = _fastest([forward(n) for n in range(1, max_k + 2)])
     verify = tuple(np.maximum.accumulate([x / t[0] for x in t]).tolist())  # sync: none, numpy; a longer verify never costs less
-    draft = _draft_cost(target, drafter, cache, hidden, ids, max_k) / t[0] if drafter is not None else 0.0
-    return Costs(verify, draft, f"measured (context {_CONTEXT}, fastest of {_REPS})")
+    draft = _draft_cost(drafter, cache, hidden, ids, max_k, width) / t[0] if drafter is not None else 0.0
+    return Costs(verify, draft, f"measured (width {width}, context {_CONTEXT}, fastest of {_REPS})")
 
 
-def _draft_cost(target: Target, drafter: Drafter, cache: list, hidden: mx.array, ids: list[int], max_k: int) -> float:
-    """Seconds per drafter step: drafts of 1 and of max_k from a fresh one-row state, each
-    starting with one pending entry (so the difference is max_k - 1 chained steps)."""
+def _draft_cost(drafter: Drafter, cache: list, hidden: mx.array, ids: list[int], max_k: int, width: int) -> float:
+    """Seconds per drafter step: drafts of 1 and of max_k from a fresh state, each row starting
+    with one pending entry (so the difference is max_k - 1 chained steps)."""
     row = Row(rid=-1, prompt=ids[:_CONTEXT], params=SamplingParams(max_tokens=1).validated(),
               eos_ids=frozenset(), detokenizer=None)
-    pre = Prefilled(None, hidden[:, -1:], mx.array([[ids[_CONTEXT - 1]]], dtype=mx.int32))
-    pick = DraftPick(None, np.array([_CONTEXT]))
+    pres = [Prefilled(None, hidden[b:b + 1, -1:], mx.array([[ids[_CONTEXT - 1]]], dtype=mx.int32))
+            for b in range(width)]
+    pick = DraftPick(None, np.full(width, _CONTEXT))
 
     def drafts(k: int):
         def run():
-            st = drafter.start([row], [pre])
+            st = drafter.start([row] * width, pres)
             mx.eval(drafter.draft(st, k, pick, cache))  # sync: the probe times whole draft chains
         return run
 

@@ -275,8 +275,8 @@ class Engine:
     def _run(self, kind: Round, width: int) -> list[RoundResult]:
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
             return [self.scalar.round(last=kind is Round.SCALAR_LAST)]
-        if kind is Round.SPECULATIVE:
-            return self.batch.speculative_round(self._k_for(width))
+        if kind is Round.SPECULATIVE:  # the cap decided this batch speculates: at least one draft
+            return self.batch.speculative_round(max(1, self._k_for(width)))
         if kind is Round.CAPTURE:
             return self.batch.capture_round()
         return self.batch.plain_round(successor=kind is Round.PLAIN)

@@ -127,14 +127,14 @@ def _parse_cap(value: Any, where: str) -> Cap:
 
 
 def _parse_k(value: Any, where: str) -> tuple[tuple[int, int], ...]:
-    fix = 'use a table of width = K with integers >= 1, e.g. {1 = 3, 4 = 2}'
+    fix = 'use a table of width = K with integers >= 0 (0: plain), e.g. {1 = 3, 4 = 2}'
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: num_draft_tokens_by_width = {value!r} is not a table; {fix}")
     out = {}
     for w, k in value.items():
         w_ok = (isinstance(w, int) and not isinstance(w, bool)
                 or isinstance(w, str) and w.strip().isascii() and w.strip().isdigit())
-        if not w_ok or int(w) < 1 or isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if not w_ok or int(w) < 1 or isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ConfigError(f"{where}: num_draft_tokens_by_width entry {w!r} = {k!r} is invalid; {fix}")
         out[int(w)] = k
     return tuple(sorted(out.items()))
@@ -169,10 +169,11 @@ class CapDecision:
         return self.cap == 0 or width <= self.cap
 
     def num_draft_tokens(self, width: int, default: int) -> int:
-        """K measured at the largest width <= `width`, else `default` (an explicit K wins over both)."""
+        """K measured at the largest width <= `width`, else `default` (an explicit K wins over both).
+        Width 1 is the lone request's own entry (0: it decodes plain); batches look at widths >= 2."""
         k = default
         for w, kw in self.k_by_width:  # sorted by width
-            if w <= width:
+            if w <= width and (w > 1 or width == 1):
                 k = kw
         return k
 
