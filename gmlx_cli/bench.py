@@ -24,7 +24,7 @@ from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.drafters.select import can_draft
 from gmlx.engine.intake import make_row, tokenize
 from gmlx_cli import generate as _gen
-from gmlx_cli import ui
+from gmlx_cli import ideal, ui
 from gmlx_cli.baselines import MlxBatchBackend, MlxStreamBackend
 from gmlx_cli.fit import fit_requests
 from gmlx_cli.live import LiveView, print_table
@@ -225,6 +225,8 @@ def bench(
         interrupted = True
     req_df = results.requests_frame(runs)
     cell_df = results.cells_frame(runs, req_df, repeats)
+    if not interrupted:
+        ideal.annotate_cells(cell_df, lm, config)
     meta = results.metadata(
         command="bench", model=lm.name, model_path=str(lm.path), seed=seed, seed_drawn=seed_drawn,
         interrupted=interrupted, options=options,

@@ -35,3 +35,22 @@ def annotate(summary: list[dict], lm, config_for) -> None:
         ideal = ideal_speedup(costs, spec["tokens_per_round"], spec["drafts_per_round"])
         row.update(ideal=ideal, achieved_over_ideal=row["speedup"] / ideal,
                    costs={"verify": list(costs.verify), "draft": costs.draft, "source": costs.source})
+
+
+def annotate_cells(cells, lm, config) -> None:
+    """bench: each speculative gmlx cell against the gmlx plain cell at its concurrency (end to
+    end, prefill included), and the ideal its own acceptance implies at the costs measured at
+    that width (the ideal counts decode rounds only)."""
+    plain = {c.concurrency: c.aggregate_tokens_per_s for c in cells.itertuples() if c.arm == "gmlx-plain"}
+    costs: dict[int, object] = {}
+    for i, c in enumerate(cells.itertuples()):
+        if not c.speculative or not c.num_rounds or c.concurrency not in plain or not c.arm.startswith("gmlx"):
+            continue
+        if c.concurrency not in costs:
+            engine = Engine(lm, config)
+            costs[c.concurrency] = probe.measure(lm.target, engine.drafter, engine.k, width=c.concurrency)
+            engine.close()
+        ideal = ideal_speedup(costs[c.concurrency], 1 + c.num_accepted / c.num_rounds, c.num_drafted / c.num_rounds)
+        achieved = c.aggregate_tokens_per_s / plain[c.concurrency]
+        cells.loc[cells.index[i], ["speedup_vs_plain", "ideal_speedup", "achieved_over_ideal"]] = (
+            achieved, ideal, achieved / ideal)

@@ -35,7 +35,8 @@ CELL_COLUMNS = {
     "itl_p50_s": "float64", "itl_p95_s": "float64", "tokens_per_s_p50": "float64",
     "aggregate_tokens_per_s": "float64", "num_drafted": "int64", "num_accepted": "int64",
     "draft_acceptance_rate": "float64", "mean_acceptance_length": "float64",
-    **{t: "int64" for t in TRANSITIONS}, "partial": "bool", "eos_first": "int64",
+    **{t: "int64" for t in TRANSITIONS}, "partial": "bool", "eos_first": "int64", "num_rounds": "int64",
+    "speedup_vs_plain": "float64", "ideal_speedup": "float64", "achieved_over_ideal": "float64",
 }
 
 
@@ -102,13 +103,16 @@ def cells_frame(runs, requests: pd.DataFrame, repeats: int | None = None) -> pd.
             "mean_acceptance_length": 1 + accepted / rounds if rounds else math.nan,
             **{t: sum(r.transitions.get(t, 0) for r in mine) for t in TRANSITIONS},
             "partial": not all(r.complete for r in mine) or (repeats is not None and len(mine) < repeats),
-            "eos_first": int(req.eos_first.sum())})
+            "eos_first": int(req.eos_first.sum()), "num_rounds": rounds,
+            # filled by gmlx_cli/ideal.py where a gmlx plain cell ran at the same concurrency
+            "speedup_vs_plain": math.nan, "ideal_speedup": math.nan, "achieved_over_ideal": math.nan})
     df = pd.DataFrame(out, columns=list(CELL_COLUMNS))
     return df.astype({k: v for k, v in CELL_COLUMNS.items() if v != "object"})
 
 
 PARTIAL_MARK = "*"
-SUMMARY_TITLES = ("summary per cell: latency (ms) and throughput (tok/s)", "summary per cell: speculation")
+SUMMARY_TITLES = ("summary per cell: latency (ms) and throughput (tok/s)", "summary per cell: speculation",
+                  "summary per cell: speculative vs plain, achieved against ideal")
 
 
 def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]]]:
@@ -124,7 +128,12 @@ def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]
     spec = (["arm", "conc", "accept\nrate", "mean\nacc len", *TRANSITIONS],
             [[arm(c), c.concurrency, c.draft_acceptance_rate, c.mean_acceptance_length,
               *(getattr(c, t) for t in TRANSITIONS)] for c in cells.itertuples()])
-    return [(SUMMARY_TITLES[0], *timing), (SUMMARY_TITLES[1], *spec)]
+    tables = [(SUMMARY_TITLES[0], *timing), (SUMMARY_TITLES[1], *spec)]
+    vs = [[arm(c), c.concurrency, c.speedup_vs_plain, c.ideal_speedup, c.achieved_over_ideal]
+          for c in cells.itertuples() if c.ideal_speedup == c.ideal_speedup]  # NaN: nothing to compare
+    if vs:
+        tables.append((SUMMARY_TITLES[2], ["arm", "conc", "speedup\nvs plain", "ideal\nspeedup", "achieved\n/ideal"], vs))
+    return tables
 
 
 def summary_notes(cells: pd.DataFrame, requests: pd.DataFrame) -> list[str]:

@@ -59,6 +59,8 @@ class Engine:
         # An explicit K is a request to speculate: lone requests then never fall back to plain.
         self.scalar = ScalarLane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
                                  may_go_plain=self.config.num_draft_tokens is None)
+        if self.speculative and self.scalar.may_go_plain:
+            self.scalar.round_costs()  # measured now (once per model and drafter), not in a first request's TTFT
         self.batch = BatchLoop(self.lm.target, drafter)
         self.mode = Mode.IDLE
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
