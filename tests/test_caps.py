@@ -138,7 +138,7 @@ def test_write_through_symlink(tmp_path):
         ('[models."gmlx-default".' + M + ']\nspeculative_width_cap = "never"\n', "invalid"),
         ('[models."gmlx-default".' + M + "]\nspeculative_width_caps = 2\n", "unknown key"),
         ('[models."gmlx-default".' + M + "]\nnum_draft_tokens_by_width = {x = 2}\n", "num_draft_tokens_by_width"),
-        ('[models."gmlx-default".' + M + "]\nnum_draft_tokens_by_width = {1 = 0}\n", "integers >= 1"),
+        ('[models."gmlx-default".' + M + "]\nnum_draft_tokens_by_width = {1 = -1}\n", "integers >= 0"),
         ('[models."gmlx-default".' + M + "]\nsource = 3\n", "must be a string"),
         ("models = 3\n", "must be a table"),
         ('[models]\n"gmlx-default" = 1\n', "must be a table"),

@@ -66,7 +66,9 @@ def test_sweep_off_names_the_width_that_lost(tmp_path, monkeypatch):
     assert "width 2" in line and "0.44x" in line and "1.05x margin" in line and "4 (1.17x) won" in line
     assert obj["recommendation"] in line
     rows = {ln.split()[0]: ln.split() for ln in r.stderr.splitlines() if re.match(r"^[124] ", ln)}
-    assert rows["4"][-2:] == ["yes", "plain"] and rows["2"][-2:] == ["no", "plain"] and rows["1"][-1] == "scalar"
+    # ... wins, ideal speedup, achieved/ideal (no rounds counted by this stub: -), at cap
+    assert rows["4"][-4:] == ["yes", "-", "-", "plain"] and rows["2"][-4:] == ["no", "-", "-", "plain"]
+    assert rows["1"][-1] == "scalar"
     assert seen["args"][1] == "off" and seen["args"][4] == obj["recommendation"]  # the plot's caption
     assert only(tmp_path, "sweep-*.png").stat().st_size > 0
 
@@ -197,7 +199,8 @@ def test_summary_fits_80_columns_without_cutting_a_cell():
              "ttft_p95_s": 98.7654, "itl_p50_s": 1.2345, "itl_p95_s": 9.8765, "tokens_per_s_p50": 123.45,
              "aggregate_tokens_per_s": 9876.5, "num_drafted": 9, "num_accepted": 3, "draft_acceptance_rate": 0.3333,
              "mean_acceptance_length": 3.1416, "preempt": 1234, "gate": 1234, "resume": 1234, "capture": 1234,
-             "partial": True, "eos_first": 2}
+             "partial": True, "eos_first": 2, "num_rounds": 3, "speedup_vs_plain": 1.2345, "ideal_speedup": 1.5678,
+             "achieved_over_ideal": 0.7874}
     cells = pd.DataFrame([worst, {**worst, "arm": "mlx-lm-stream", "partial": False}])
     for title, cols, rows in results.summary_tables(cells):
         buf = io.StringIO()

@@ -9,13 +9,11 @@ round. The queue, the streams, the engine thread and shutdown are the service's
 
 from __future__ import annotations
 
-import os
 import time
-import warnings
 from pathlib import Path
 from typing import Callable
 
-from gmlx.config import EngineConfig, SamplingParams, Switches, parse_cap_env
+from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.decode.batch import BatchLoop
 from gmlx.decode.prefill import Prefiller
 from gmlx.decode.scalar import ScalarLane
@@ -23,12 +21,12 @@ from gmlx.decode.verify import RoundResult
 from gmlx.drafters.base import Drafter
 from gmlx.drafters.select import choose
 from gmlx.engine import trace
+from gmlx.engine.cap_watch import CapWatch
 from gmlx.engine.intake import make_row
 from gmlx.engine.metrics import Counters, Event, EventKind, notify
 from gmlx.engine.row import Row, RowState, transition
 from gmlx.engine.service import Service
 from gmlx.engine.stream import FinalRecord, Stream
-from gmlx.errors import ConfigError
 from gmlx.models.loading import LoadedModel, default_model_path, load
 from gmlx.policy import admission, caps
 from gmlx.policy.admission import Mode, Plan, Round, Transition
@@ -65,12 +63,11 @@ class Engine:
         self.mode = Mode.IDLE
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
                           + choice.cap_key_suffix)
-        self._cap_defaults = choice.cap_defaults
-        self._cap_stamp = self._cap_inputs()
-        self._caps = self.cap_decision()  # a broken user config is an error at engine start, not mid-run
-        self._cap_errors: set[str] = set()
-        if self._caps.notice:
-            self.notices.append(self._caps.notice)
+        # A broken user config or cap variable is an error here, at engine start, not mid-run.
+        self.caps = CapWatch(self.config.width_cap, self.model_key, choice.cap_defaults, self.config.num_draft_tokens,
+                             self.lm.default_k)
+        if self.caps.current.notice:
+            self.notices.append(self.caps.current.notice)
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
         self.counters = Counters()
@@ -119,8 +116,8 @@ class Engine:
         self._events = events = [] if want_events else None
         if self.service.cancel_requested():
             self._reap_cancelled()
-        self._caps = self._refresh_caps()  # once per round: the env and the user config may change live
-        plan = admission.plan(self._view())
+        caps_now = self.caps.refresh()  # once per round: the env and the user config may change live
+        plan = admission.plan(self._view(caps_now.cap))
         self._apply(plan)
         trace.mark("admission")
         self._round(plan.round)
@@ -136,54 +133,26 @@ class Engine:
             self._events.append(make())
 
     def cap_decision(self) -> caps.CapDecision:
-        """The width cap in force this round: CLI flag > GMLX_MTP_WIDTH_CAP (re-read every round,
-        so a live change takes effect at the next round) > user config > model default."""
-        return caps.resolve_cap(cli_cap=self.config.width_cap, env_cap=parse_cap_env(), model_key=self.model_key,
-                                **self._cap_defaults)
-
-    @staticmethod
-    def _cap_inputs() -> tuple:
-        """What the cap depends on that may change live: the env value and the user config file's
-        stamp (an env read and one stat: cheap enough for every round)."""
-        return os.environ.get("GMLX_MTP_WIDTH_CAP"), caps.config_stamp()
-
-    def _refresh_caps(self) -> caps.CapDecision:
-        """The cap for this round, decided again only when its inputs changed. A value broken
-        mid-run (a typo in GMLX_MTP_WIDTH_CAP or the user config) cannot stop requests being
-        served: the last valid cap stays, with one warning per bad value (at engine start the same
-        value is an error)."""
-        stamp = self._cap_inputs()
-        if stamp == self._cap_stamp:
-            return self._caps
-        self._cap_stamp = stamp
-        try:
-            return self.cap_decision()
-        except ConfigError as e:
-            if str(e) not in self._cap_errors:
-                self._cap_errors.add(str(e))
-                warnings.warn(f"gmlx: {e}; keeping the cap in force ({self._caps.text})", RuntimeWarning, stacklevel=2)
-            return self._caps
-
-    def _k_for(self, width: int) -> int:
-        """Drafts per round at this width: the explicit setting, else a calibrated K per width
-        (sweep-cap --write), else the model's default."""
-        if self.config.num_draft_tokens is not None:
-            return self.config.num_draft_tokens
-        return self._caps.num_draft_tokens(width, self.lm.default_k)
+        """The width cap from the current settings: CLI flag > GMLX_MTP_WIDTH_CAP > user config >
+        model default (read now; the engine itself decides once per round: `cap_in_force`)."""
+        return self.caps.decide()
 
     @property
     def cap_in_force(self) -> caps.CapDecision:
         """This round's cap decision (read by listeners on the engine thread)."""
-        return self._caps
+        return self.caps.current
 
     def cap(self) -> int | None:
         """None: off (never speculate in a batch); 0: uncapped; N: speculate while width <= N."""
         return self.cap_decision().cap
 
-    def _view(self) -> admission.View:
+    def _k_for(self, width: int) -> int:
+        return self.caps.k_for(width)
+
+    def _view(self, cap: int | None) -> admission.View:
         live = self.live_rows()
         return admission.View(
-            mode=self.mode, width=len(live), queued=self.service.queued, cap=self._caps.cap,
+            mode=self.mode, width=len(live), queued=self.service.queued, cap=cap,
             speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
             lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
             min_remaining=min((r.remaining for r in live), default=0),
