@@ -112,7 +112,7 @@ def cells_frame(runs, requests: pd.DataFrame, repeats: int | None = None) -> pd.
 
 PARTIAL_MARK = "*"
 SUMMARY_TITLES = ("summary per cell: latency (ms) and throughput (tok/s)", "summary per cell: speculation",
-                  "summary per cell: speculative vs plain, achieved against ideal")
+                  "summary per cell: achieved against ideal")
 
 
 def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]]]:

@@ -68,7 +68,9 @@ def test_sweep_off_names_the_width_that_lost(tmp_path, monkeypatch):
     rows = {ln.split()[0]: ln.split() for ln in r.stderr.splitlines() if re.match(r"^[124] ", ln)}
     # ... wins, ideal speedup, achieved/ideal (no rounds counted by this stub: -), at cap
     assert rows["4"][-4:] == ["yes", "-", "-", "plain"] and rows["2"][-4:] == ["no", "-", "-", "plain"]
-    assert rows["1"][-1] == "scalar"
+    # width 1 lost too (0.84x): a lone request is calibrated plain here (K = 0 at width 1)
+    assert rows["1"][-1] == "plain" and obj["num_draft_tokens_by_width"] == {"1": 0}
+    assert "a lone request: plain" in r.stderr
     assert seen["args"][1] == "off" and seen["args"][4] == obj["recommendation"]  # the plot's caption
     assert only(tmp_path, "sweep-*.png").stat().st_size > 0
 
