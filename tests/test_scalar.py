@@ -8,8 +8,6 @@ from numerics import assert_close, compare_tokens, same_stream
 from gmlx.config import SamplingParams
 from gmlx.testing import ScriptedDrafter, run_scalar, visible_window
 
-N_PROMPTS = 20
-N_TOKENS = 64
 
 
 def mlx_lm_greedy(lm, prompt, n, eos):
@@ -21,14 +19,15 @@ def mlx_lm_greedy(lm, prompt, n, eos):
     return out
 
 
-def test_greedy_speculative_equals_plain_equals_mlx_lm(lm, prompts):
-    params = SamplingParams(max_tokens=N_TOKENS, temperature=0.0, seed=0)
+@pytest.mark.parametrize("n_prompts, n_tokens", [(6, 48), pytest.param(20, 64, marks=pytest.mark.slow)])
+def test_greedy_speculative_equals_plain_equals_mlx_lm(lm, prompts, n_prompts, n_tokens):
+    params = SamplingParams(max_tokens=n_tokens, temperature=0.0, seed=0)
     ties = 0
     drafted = 0
-    for prompt in prompts[:N_PROMPTS]:
+    for prompt in prompts[:n_prompts]:
         spec = run_scalar(lm, prompt, params, k=3)
         plain = run_scalar(lm, prompt, params, speculative=False)
-        ref = mlx_lm_greedy(lm, prompt, N_TOKENS, lm.eos_ids)
+        ref = mlx_lm_greedy(lm, prompt, n_tokens, lm.eos_ids)
         c1 = compare_tokens(lm, prompt, plain.tokens, spec.tokens, params)
         c2 = compare_tokens(lm, prompt, ref, plain.tokens, params)
         assert c1.ok, (c1, plain.tokens, spec.tokens)
@@ -36,7 +35,7 @@ def test_greedy_speculative_equals_plain_equals_mlx_lm(lm, prompts):
         ties += (not c1.equal) + (not c2.equal)
         drafted += spec.stats.num_drafted
     assert drafted > 0  # speculation really ran
-    assert ties <= 2, f"{ties} tie divergences in {N_PROMPTS} prompts"
+    assert ties <= 2, f"{ties} tie divergences in {n_prompts} prompts"
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
