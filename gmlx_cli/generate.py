@@ -16,6 +16,7 @@ from gmlx.engine.stream import FinalRecord
 from gmlx_cli import ui
 from gmlx_cli.options import (
     SAMPLING_DEFAULTS as D,
+    ChatOpt,
     DebugOpt,
     DrafterOpt,
     DraftModelOpt,
@@ -66,6 +67,7 @@ def generate(
     draft_model: DraftModelOpt = None,
     drafter: DrafterOpt = None,
     speculative: SpeculativeOpt = None,
+    chat: ChatOpt = None,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,
     debug: DebugOpt = False,  # noqa: ARG001 - consumed by the error boundary from argv
@@ -92,9 +94,9 @@ def generate(
     for line in engine.notices:
         ui.notice(line)
     if speculative is None and not engine.speculative and not engine.notices:
-        ui.notice(f"{lm.name} has no MTP or assistant head; decoding without speculation (--draft-model PATH drafts"
-                  " with a small model)")
-    record, k = _run(engine, text, params, stream_text=not json_output)
+        ui.notice(f"{lm.name} has no MTP or assistant head; decoding without speculation (--drafter ngram drafts"
+                  " from the prompt, --draft-model PATH with a small model)")
+    record, k = _run(engine, chat_prompt(lm, text, chat), params, stream_text=not json_output)
     if record.error:
         if not json_output and record.text:
             sys.stdout.write("\n")
@@ -108,7 +110,18 @@ def generate(
     sys.stdout.flush()
 
 
-def _run(engine: Engine, text: str, params: SamplingParams, *, stream_text: bool) -> tuple[FinalRecord, int]:
+def chat_prompt(lm: LoadedModel, text: str, chat: bool | None) -> str | list[int]:
+    """The prompt as token ids of a one-message chat when asked (or, by default, when the model has
+    a chat template, as mlx_lm.generate does); else the text as is."""
+    has_template = getattr(lm.tokenizer, "chat_template", None) is not None
+    if chat and not has_template:
+        raise InvalidRequest(f"{lm.name} has no chat template; drop --chat to send the prompt as it is")
+    if not (has_template if chat is None else chat):
+        return text
+    return list(lm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+
+
+def _run(engine: Engine, text: str | list[int], params: SamplingParams, *, stream_text: bool) -> tuple[FinalRecord, int]:
     """Submit one request, stream its text, close the engine; returns the record and the K used."""
     try:
         stream = engine.submit(text, params)

@@ -92,6 +92,15 @@ VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also report model path, BLAS, K, versions, seed, finish reason.",
                        rich_help_panel=_OUTPUT)
 ]
+ChatOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--chat/--no-chat",
+        help="Wrap the prompt as a user message in the model's chat template (as mlx_lm.generate)."
+             " Default: when the model has a chat template.",
+        show_default=False,
+    ),
+]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.",
                        rich_help_panel=_OUTPUT)

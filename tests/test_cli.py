@@ -253,3 +253,24 @@ def test_doctor_on_headless_model(headless_dir):
     r = run("doctor", "--model", str(headless_dir))
     assert r.code == 0, r.stderr
     assert "none" in r.stdout
+
+
+def test_chat_template_applies_by_default_where_the_model_has_one(smollm2, monkeypatch):
+    """As mlx_lm.generate: a model with a chat template gets the prompt as a user message (so a
+    chat model answers); --no-chat sends it as it is; --chat on a model without one is an error."""
+    from gmlx_cli import generate as gen
+
+    lm = smollm2.load("float32")
+    monkeypatch.setattr(gen, "_load_model", lambda path: lm)
+    r = run("generate", "What is the capital of France?", "--max-tokens", "12", "--seed", "0", "--json")
+    assert r.code == 0, r.stderr
+    obj = json.loads(r.stdout)
+    assert "Paris" in obj["text"] and obj["num_prompt_tokens"] > 20  # the template's tokens around it
+    raw = json.loads(run("generate", "What is the capital of France?", "--max-tokens", "2", "--seed", "0", "--json",
+                         "--no-chat").stdout)
+    assert raw["num_prompt_tokens"] < 12
+
+
+def test_chat_on_a_model_without_a_template_is_a_one_line_error():
+    r = run("generate", "def f():", "--chat", "--max-tokens", "2")
+    assert r.code == 1 and "no chat template" in r.stderr and len(r.stderr.strip().splitlines()) == 1

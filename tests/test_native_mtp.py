@@ -134,8 +134,8 @@ def test_hf_qwen3_next_round_trip_and_no_rollback(lms, ckpts):
 def test_checkpoint_without_a_head_loads_plain(lms, ckpts):
     lm = lms["bare"]
     assert not lm.has_drafter and lm.head is None and lm.drafter_kind is None
-    assert no_drafter_message(lm) == (f"no MTP head in {ckpts['bare'][0]}; run with --no-speculative,"
-                                      " or give --draft-model PATH")
+    assert no_drafter_message(lm) == (f"no MTP head in {ckpts['bare'][0]}; run with --no-speculative, or draft"
+                                      " with --drafter ngram (prompt lookup) or --draft-model PATH")
     with pytest.raises(NoDrafterError):
         engine(lm, None, speculative=True)
     assert load(ckpts["q3"][0], drafter=False).head is None

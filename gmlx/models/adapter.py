@@ -63,9 +63,10 @@ class Target:
             return self.wide
         return self.backbone, self._hidden_backbone, self.final_norm, self.lm_head
 
-    def __call__(self, tokens: mx.array, cache: list) -> tuple[mx.array, mx.array]:
-        """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] in this target's convention)."""
-        _, hidden_backbone, final_norm, lm_head = self._for(tokens.shape[1])
+    def __call__(self, tokens: mx.array, cache: list, *, wide: bool = True) -> tuple[mx.array, mx.array]:
+        """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] in this target's convention).
+        `wide=False`: the model's own weights whatever L (the twin is for speed only)."""
+        _, hidden_backbone, final_norm, lm_head = self._for(tokens.shape[1] if wide else 1)
         hidden = hidden_backbone(tokens, cache=cache)
         if self.hidden_convention == PRE_NORM:
             return lm_head(final_norm(hidden)), hidden
@@ -86,7 +87,7 @@ class Target:
         """Refuse a family whose logits are not lm_head(backbone(x))."""
         x = mx.array([[1, 2, 3]], dtype=mx.int32) % self.vocab_size
         ref = self.model(x)
-        ours, _ = self(x, cache=None)
+        ours, _ = self(x, cache=None, wide=False)  # the same weights as mlx-lm's forward
         diff = mx.abs(ref.astype(mx.float32) - ours.astype(mx.float32)).max()
         if diff.item() > 1e-3:  # sync: once, at load time
             raise ModelLoadError(

