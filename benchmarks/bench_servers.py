@@ -56,13 +56,13 @@ from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MLX_LM_MAIN = "import sys, gmlx; from mlx_lm.server import main; sys.argv[0] = 'mlx_lm.server'; main()"
-KINDS = ("gmlx", "gmlx-draft", "mlx-lm", "mlx-lm-draft")
+KINDS = ("gmlx", "gmlx-draft", "gmlx-ngram", "mlx-lm", "mlx-lm-draft")
 
 
 def command(kind: str, model: str, draft: str, port: int, k: int) -> list[str]:
     if kind.startswith("gmlx"):
         cmd = [str(BIN / "gmlx"), "serve", "--model", model, "--port", str(port), "--log-level", "warning"]
-        return cmd + (["--draft-model", draft] if kind == "gmlx-draft" else [])
+        return cmd + {"gmlx-draft": ["--draft-model", draft], "gmlx-ngram": ["--drafter", "ngram"]}.get(kind, [])
     cmd = [sys.executable, "-c", MLX_LM_MAIN, "--model", model, "--port", str(port), "--log-level", "WARNING"]
     return cmd + (["--draft-model", draft, "--num-draft-tokens", str(k)] if kind == "mlx-lm-draft" else [])
 

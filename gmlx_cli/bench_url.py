@@ -15,15 +15,27 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
 import typer
 
-from gmlx.errors import InvalidRequest
+from gmlx.errors import GmlxError, InvalidRequest
 from gmlx_cli import ui
 from gmlx_cli.bench import Arm, Run
-from gmlx_cli.http_backend import REQUEST_TIMEOUT_S, ServerError, Target, drive_http
 from gmlx_cli.live import LiveView, print_table
 from gmlx_cli.workload import Request
+
+
+class MissingClient(GmlxError):
+    """The HTTP client packages are not installed."""
+
+
+def _client():
+    """gmlx_cli.http_backend, or a one-line error: the openai client is not a core dependency."""
+    try:
+        import openai  # noqa: F401
+        from gmlx_cli import http_backend
+    except ImportError as e:
+        raise MissingClient(f"gmlx bench --url needs the openai client ({e.name} is missing): pip install 'gmlx[client]'")
+    return http_backend
 
 # bench options that configure the in-process engine: meaningless against a server
 ENGINE_ONLY = ("--model", "--ab", "--baseline", "--verify", "--num-draft-tokens", "--draft-model", "--drafter",
@@ -45,8 +57,10 @@ def check_options(url: str | None, given: dict[str, object]) -> None:
             raise InvalidRequest(f"{bad[0]} needs --url (the server to benchmark)")
 
 
-def server_health(target: Target) -> dict | None:
+def server_health(target) -> dict | None:
     """GET /health as JSON when the server has one (gmlx serve reports its mode there); else None."""
+    import httpx
+
     try:
         r = httpx.get(target.base_url + "/health", timeout=5.0)
         return r.json() if r.status_code == 200 and "json" in r.headers.get("content-type", "") else None
@@ -54,11 +68,13 @@ def server_health(target: Target) -> dict | None:
         return None
 
 
-def run_matrix_http(targets: dict[str, Target], requests: list[Request], concurrencies: list[int], repeats: int,
+def run_matrix_http(targets: dict, requests: list[Request], concurrencies: list[int], repeats: int,
                     view, runs: list[Run], ignore_eos: bool = False,
-                    request_timeout_s: float = REQUEST_TIMEOUT_S) -> list[Run]:
+                    request_timeout_s: float | None = None) -> list[Run]:
     """Every (concurrency, repeat) runs every target, in ABBA order. Each run is appended to `runs`
     before it starts, so an interrupt leaves the caller the partial one too."""
+    drive_http = _client().drive_http
+    bound = {} if request_timeout_s is None else {"request_timeout_s": request_timeout_s}
     arms = [Arm(name, backend="http", speculative=False) for name in targets]
     for c in concurrencies:
         for rep in range(repeats):
@@ -67,22 +83,22 @@ def run_matrix_http(targets: dict[str, Target], requests: list[Request], concurr
                 runs.append(run)
                 view.begin(f"{arm.name} c={c} rep {rep}", speculative=False)
                 asyncio.run(drive_http(targets[arm.name], requests, c, ignore_eos=ignore_eos, on_event=view.on_event,
-                                       on_submit=view.submitted, done=run.outcomes,
-                                       request_timeout_s=request_timeout_s))
+                                       on_submit=view.submitted, done=run.outcomes, **bound))
                 run.complete = True
                 view.end()
     return runs
 
 
-def warm_up(targets: dict[str, Target], requests: list[Request], ignore_eos: bool) -> None:
+def warm_up(targets: dict, requests: list[Request], ignore_eos: bool) -> None:
     """Two short requests per server, not recorded (its first request may compile or load)."""
+    http = _client()
     short = [replace(r, params=replace(r.params, max_tokens=min(4, r.params.max_tokens)), arrival_s=0.0,
                      after_start=False) for r in requests[:2]]
     for target in targets.values():
-        outs = asyncio.run(drive_http(target, short, 2, ignore_eos=ignore_eos))
+        outs = asyncio.run(http.drive_http(target, short, 2, ignore_eos=ignore_eos))
         failed = [o for o in outs if o.finish_reason == "error"]
         if failed:
-            raise ServerError(f"{target.base_url} failed a warm-up request: {failed[0].error}")
+            raise http.ServerError(f"{target.base_url} failed a warm-up request: {failed[0].error}")
 
 
 def errors_of(runs: list[Run]) -> list[dict]:
@@ -106,9 +122,9 @@ def bench_url(url: str, api_key: str | None, served_model: str | None, label: st
               concurrencies: list[int], repeats: int, warmup: bool, ignore_eos: bool, out: Path, json_output: bool,
               options: dict, seed: int, seed_drawn: bool) -> None:
     from gmlx_cli import results  # pandas: only when a command needs it
-    from gmlx_cli.http_backend import probe
 
-    target = probe(url, api_key, served_model)
+    http = _client()
+    target = http.probe(url, api_key, served_model)
     name = label or "server"
     targets = {name: target}
     human = sys.stderr if json_output else sys.stdout
@@ -152,5 +168,5 @@ def bench_url(url: str, api_key: str | None, served_model: str | None, label: st
         raise typer.Exit(130)
     if errors:
         total = sum(len(r.outcomes) for r in runs)
-        raise ServerError(f"{len(errors)} of {total} requests failed (first: request {errors[0]['request_id']}:"
+        raise http.ServerError(f"{len(errors)} of {total} requests failed (first: request {errors[0]['request_id']}:"
                           f" {errors[0]['error']}); results written to {paths['json']}")
