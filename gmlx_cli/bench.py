@@ -30,9 +30,10 @@ from gmlx_cli.fit import fit_requests
 from gmlx_cli.live import LiveView, print_table
 from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, ConcurrencyOpt, DebugOpt, DrafterOpt, DraftModelOpt,
                               IgnoreEosOpt,
-                              JoinAfterOpt, LongTokensOpt, MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt,
-                              PromptsFileOpt, RateOpt, RepeatsOpt, RequestsOpt, ResultsJsonOpt, SeedOpt, StaggerOpt,
-                              TempOpt, VerifyOpt, WarmupOpt, WidthCapOpt)
+                              JoinAfterOpt, LabelOpt, LongTokensOpt, MaxTokensRangeOpt, ModelOpt, NumDraftOpt,
+                              OutDirOpt, PromptsFileOpt, RateOpt, RepeatsOpt, RequestsOpt, ResultsJsonOpt, SeedOpt,
+                              ServedModelOpt, StaggerOpt, TempOpt, UrlOpt, VerifyOpt, WarmupOpt, WidthCapOpt)
+from gmlx_cli.options import BenchApiKeyOpt
 from gmlx_cli.outdir import check_out_dir
 from gmlx_cli.workload import (Arrival, Backend, EngineBackend, build_requests, drive, load_prompt_specs,
                                parse_int_list, parse_token_range)
@@ -48,7 +49,7 @@ class VerificationFailed(GmlxError):
 @dataclass(frozen=True)
 class Arm:
     name: str
-    backend: str = "gmlx"  # gmlx | mlx-lm-batch | mlx-lm-stream
+    backend: str = "gmlx"  # gmlx | mlx-lm-batch | mlx-lm-stream | http (bench --url)
     speculative: bool = True
     preempt: bool = True
     resume: bool = True
@@ -170,6 +171,10 @@ def bench(
     warmup: WarmupOpt = True,
     out: OutDirOpt = Path("bench_results"),
     json_output: ResultsJsonOpt = False,
+    url: UrlOpt = None,
+    api_key: BenchApiKeyOpt = None,
+    served_model: ServedModelOpt = None,
+    label: LabelOpt = None,
     debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
 ) -> None:
     """Benchmark simulated concurrent requests: live view, per-cell summary, CSV/JSON/PNG in --out."""
@@ -177,6 +182,12 @@ def bench(
     from gmlx_cli import results  # pandas: only when a command needs it
 
     # Every check that needs no model comes first: a typo must not cost a load.
+    from gmlx_cli import bench_url as _url
+
+    _url.check_options(url, {"--model": model, "--ab": ab, "--baseline": baseline, "--verify": verify,
+                             "--num-draft-tokens": num_draft_tokens, "--draft-model": draft_model, "--drafter": drafter,
+                             "--speculative-width-cap": speculative_width_cap, "--api-key": api_key,
+                             "--served-model": served_model, "--label": label})
     check_out_dir(out)
     concs = parse_int_list(concurrency, "--concurrency")
     budget = parse_token_range(max_tokens)
@@ -192,6 +203,10 @@ def bench(
     seed = secrets.randbits(31) if seed is None else seed
     specs = load_prompt_specs(prompts)
     reqs = build_requests(specs, requests, arr, budget, temp, seed, ignore_eos)
+    if url is not None:  # a running server: no model here (gmlx_cli/bench_url.py)
+        return _url.bench_url(url, api_key, served_model, label, requests=reqs, concurrencies=concs, repeats=repeats,
+                              warmup=warmup, ignore_eos=ignore_eos, out=out, json_output=json_output, options=options,
+                              seed=seed, seed_drawn=seed_drawn)
     config = EngineConfig(num_draft_tokens=num_draft_tokens, width_cap=speculative_width_cap, drafter=drafter,
                           draft_model=str(draft_model) if draft_model else None).validated()
     env = Switches.from_env()

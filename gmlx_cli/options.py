@@ -176,3 +176,24 @@ VerifyOpt = Annotated[
     bool, typer.Option("--verify", help="Compare every stream with a solo plain run; exit 1 on a mismatch.",
                        rich_help_panel=_RUN)
 ]
+
+# -- bench --url: a running server instead of the in-process engine ------------------------------
+_URL = "Server (bench --url)"
+UrlOpt = Annotated[
+    str | None, typer.Option("--url", help="Benchmark a running OpenAI-compatible server (gmlx serve, mlx_lm.server,"
+                             " vLLM) at this base URL instead of the in-process engine, e.g. http://127.0.0.1:8000.",
+                             show_default=False, rich_help_panel=_URL)
+]
+BenchApiKeyOpt = Annotated[
+    str | None, typer.Option("--api-key", envvar="GMLX_API_KEY", help="Send `Authorization: Bearer KEY` to --url (also"
+                             " GMLX_API_KEY, which keeps the key out of the process list).", show_default=False,
+                             rich_help_panel=_URL)
+]
+ServedModelOpt = Annotated[
+    str | None, typer.Option("--served-model", help="The model id to send to --url. Default: the one model its"
+                             " /v1/models lists.", show_default=False, rich_help_panel=_URL)
+]
+LabelOpt = Annotated[
+    str | None, typer.Option("--label", help="The arm's name for --url in the tables and files. Default: server.",
+                             show_default=False, rich_help_panel=_URL)
+]

@@ -58,21 +58,24 @@ def requests_frame(runs) -> pd.DataFrame:
         for o in run.outcomes:
             s, last = o.stats, (o.chunks[-1][0] if o.chunks else math.nan)
             drafted = s.get("num_drafted", 0)
+            # Over HTTP the counts may come from `usage` without the ids (gmlx_cli/http_backend.py).
+            n_out = getattr(o, "num_generated", len(o.tokens))
+            n_prompt = getattr(o, "num_prompt_tokens", len(o.prompt_tokens))
             rows.append({
                 "arm": run.arm.name, "concurrency": run.concurrency, "repeat": run.repeat,
                 "request_id": o.request.request_id, "prompt_tokens": list(o.prompt_tokens), "tokens": list(o.tokens),
-                "num_prompt_tokens": len(o.prompt_tokens), "num_generated": len(o.tokens),
+                "num_prompt_tokens": n_prompt, "num_generated": n_out,
                 "max_tokens": o.request.params.max_tokens, "finish_reason": o.finish_reason,
                 "seed": o.request.params.seed, "temperature": float(o.request.params.temperature),
                 "submit_s": o.submit_s, "ttft_s": o.ttft_s, "e2e_s": last - o.submit_s,
                 # A rate needs two tokens: an undefined one is NaN, so medians skip it instead of counting 0.
-                "tokens_per_s": o.tokens_per_s if len(o.tokens) > 1 else math.nan,
+                "tokens_per_s": o.tokens_per_s if n_out > 1 else math.nan,
                 "itl_s": o.itl_s, "itl_p50_s": _q(o.itl_s, 0.5),
                 "num_drafted": drafted, "num_accepted": s.get("num_accepted", 0), "num_rounds": s.get("num_rounds", 0),
                 # Nothing drafted (plain arm, over the cap, EOS first): no acceptance to report, not 0.
                 "draft_acceptance_rate": s.get("draft_acceptance_rate", 0.0) if drafted else math.nan,
                 "mean_acceptance_length": s.get("mean_acceptance_length", 0.0) if drafted else math.nan,
-                "eos_first": o.finish_reason == "stop" and not o.tokens})
+                "eos_first": o.finish_reason == "stop" and not n_out})
     df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
     return df.astype({k: v for k, v in REQUEST_COLUMNS.items() if v != "object"})
 

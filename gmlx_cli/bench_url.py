@@ -1,0 +1,172 @@
+"""`gmlx bench --url URL`: the bench workloads against a running OpenAI-compatible server (gmlx
+serve, mlx_lm.server, vLLM, ...), with the same live view, tables and files as the in-process
+bench; the driver and what it times are in gmlx_cli/http_backend.py.
+
+Several servers can be compared in one run from Python (`run_matrix_http` with several targets:
+benchmarks/bench_servers.py does that): each (concurrency, repeat) runs every server in turn,
+the order alternating (ABBA), so drift on a shared machine hits them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+
+from gmlx.errors import GmlxError, InvalidRequest
+from gmlx_cli import ui
+from gmlx_cli.bench import Arm, Run
+from gmlx_cli.live import LiveView, print_table
+from gmlx_cli.workload import Request
+
+
+class MissingClient(GmlxError):
+    """The HTTP client packages are not installed."""
+
+
+def _client():
+    """gmlx_cli.http_backend, or a one-line error: the openai client is not a core dependency."""
+    try:
+        import openai  # noqa: F401
+        from gmlx_cli import http_backend
+    except ImportError as e:
+        raise MissingClient(f"gmlx bench --url needs the openai client ({e.name} is missing): pip install 'gmlx[client]'")
+    return http_backend
+
+# bench options that configure the in-process engine: meaningless against a server
+ENGINE_ONLY = ("--model", "--ab", "--baseline", "--verify", "--num-draft-tokens", "--draft-model", "--drafter",
+               "--speculative-width-cap")
+URL_ONLY = ("--served-model", "--label")  # --api-key may come from GMLX_API_KEY, set for the server
+
+
+def check_options(url: str | None, given: dict[str, object]) -> None:
+    """One line naming the first option that does not go with (or without) --url."""
+    on = [k for k, v in given.items() if v not in (None, False, [], ())]
+    if url is not None:
+        bad = [k for k in ENGINE_ONLY if k in on]
+        if bad:
+            raise InvalidRequest(f"{bad[0]} configures the in-process engine; with --url the server decides that"
+                                 " (start it with the options you want to measure)")
+    else:
+        bad = [k for k in URL_ONLY if k in on]
+        if bad:
+            raise InvalidRequest(f"{bad[0]} needs --url (the server to benchmark)")
+
+
+def server_health(target) -> dict | None:
+    """GET /health as JSON when the server has one (gmlx serve reports its mode there); else None."""
+    import httpx
+
+    try:
+        r = httpx.get(target.base_url + "/health", timeout=5.0)
+        return r.json() if r.status_code == 200 and "json" in r.headers.get("content-type", "") else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def run_matrix_http(targets: dict, requests: list[Request], concurrencies: list[int], repeats: int,
+                    view, runs: list[Run], ignore_eos: bool = False,
+                    request_timeout_s: float | None = None) -> list[Run]:
+    """Every (concurrency, repeat) runs every target, in ABBA order. Each run is appended to `runs`
+    before it starts, so an interrupt leaves the caller the partial one too."""
+    drive_http = _client().drive_http
+    bound = {} if request_timeout_s is None else {"request_timeout_s": request_timeout_s}
+    arms = [Arm(name, backend="http", speculative=False) for name in targets]
+    for c in concurrencies:
+        for rep in range(repeats):
+            for arm in arms if rep % 2 == 0 else arms[::-1]:
+                run = Run(arm, c, rep)
+                runs.append(run)
+                view.begin(f"{arm.name} c={c} rep {rep}", speculative=False)
+                asyncio.run(drive_http(targets[arm.name], requests, c, ignore_eos=ignore_eos, on_event=view.on_event,
+                                       on_submit=view.submitted, done=run.outcomes, **bound))
+                run.complete = True
+                view.end()
+    return runs
+
+
+def warm_up(targets: dict, requests: list[Request], ignore_eos: bool) -> None:
+    """Two short requests per server, not recorded (its first request may compile or load)."""
+    http = _client()
+    short = [replace(r, params=replace(r.params, max_tokens=min(4, r.params.max_tokens)), arrival_s=0.0,
+                     after_start=False) for r in requests[:2]]
+    for target in targets.values():
+        outs = asyncio.run(http.drive_http(target, short, 2, ignore_eos=ignore_eos))
+        failed = [o for o in outs if o.finish_reason == "error"]
+        if failed:
+            raise http.ServerError(f"{target.base_url} failed a warm-up request: {failed[0].error}")
+
+
+def errors_of(runs: list[Run]) -> list[dict]:
+    return [{"arm": r.arm.name, "concurrency": r.concurrency, "repeat": r.repeat, "request_id": o.request.request_id,
+             "error": o.error} for r in runs for o in r.outcomes if getattr(o, "error", None)]
+
+
+def eos_notice(runs: list[Run]) -> str | None:
+    """With --ignore-eos: requests that still ended at EOS before their budget (the server does not
+    know the extension); their tokens are counted as generated, not padded."""
+    short = [(r.arm.name, o) for r in runs for o in r.outcomes
+             if o.finish_reason == "stop" and o.num_generated < o.request.params.max_tokens]
+    if not short:
+        return None
+    arms = sorted({a for a, _ in short})
+    return (f"{len(short)} requests ended at EOS before their budget although --ignore-eos was sent"
+            f" ({', '.join(arms)}): the server does not honour `ignore_eos`; their tokens are reported as generated")
+
+
+def bench_url(url: str, api_key: str | None, served_model: str | None, label: str | None, *, requests: list[Request],
+              concurrencies: list[int], repeats: int, warmup: bool, ignore_eos: bool, out: Path, json_output: bool,
+              options: dict, seed: int, seed_drawn: bool) -> None:
+    from gmlx_cli import results  # pandas: only when a command needs it
+
+    http = _client()
+    target = http.probe(url, api_key, served_model)
+    name = label or "server"
+    targets = {name: target}
+    human = sys.stderr if json_output else sys.stdout
+    if seed_drawn:
+        print(f"seed: {seed} (drawn at random; --seed {seed} replays this workload)", file=human, flush=True)
+    print(f"server: {target.base_url} model {target.model}", file=human, flush=True)
+    view = LiveView(len(concurrencies) * repeats * len(requests), human)
+    runs: list[Run] = []
+    interrupted = False
+    try:
+        if warmup:
+            warm_up(targets, requests, ignore_eos)
+        with view:
+            run_matrix_http(targets, requests, concurrencies, repeats, view, runs, ignore_eos)
+    except KeyboardInterrupt:
+        interrupted = True
+    req_df = results.requests_frame(runs)
+    cell_df = results.cells_frame(runs, req_df, repeats)
+    errors = errors_of(runs)
+    meta = results.metadata(
+        command="bench", url=target.base_url, model=target.model, server_models=list(target.models),
+        server_health=server_health(target), seed=seed, seed_drawn=seed_drawn, interrupted=interrupted,
+        options={k: v for k, v in options.items() if k != "api_key"},
+        config={"arms": [{"name": name, "backend": "http", "url": target.base_url, "model": target.model}]})
+    payload = {"meta": meta, "cells": results.records(cell_df), "requests": results.records(req_df),
+               "errors": errors}
+    tables = results.summary_tables(cell_df)[:1]  # over HTTP nothing is known of drafts or transitions
+    notes = [n for n in results.summary_notes(cell_df, req_df) if not n.startswith("accept rate")]
+    if ignore_eos and (line := eos_notice(runs)):
+        notes.append(line)
+    print_table(*tables[0], human, notes=notes)
+    paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
+    if len(cell_df):
+        paths["png"] = results.plot_bench(cell_df, paths["json"].with_suffix(".png"))
+    print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
+    if json_output:
+        sys.stdout.write(json.dumps(payload) + "\n")
+        sys.stdout.flush()
+    if interrupted:
+        ui.error(f"interrupted; partial results written to {paths['json']}")
+        raise typer.Exit(130)
+    if errors:
+        total = sum(len(r.outcomes) for r in runs)
+        raise http.ServerError(f"{len(errors)} of {total} requests failed (first: request {errors[0]['request_id']}:"
+                          f" {errors[0]['error']}); results written to {paths['json']}")
