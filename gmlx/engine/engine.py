@@ -116,7 +116,7 @@ class Engine:
         if self.service.cancel_requested():
             self._reap_cancelled()
         self._caps = self._refresh_caps()  # once per round: the env and the user config may change live
-        plan = admission.plan(self._view())
+        plan = self._decide(self._view())
         self._apply(plan)
         trace.mark("admission")
         self._round(plan.round)
@@ -125,6 +125,10 @@ class Engine:
             notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
         trace.end_round()
         return events or []
+
+    def _decide(self, view: admission.View) -> Plan:
+        """This step's plan. A replica takes it from its leader instead (gmlx/distributed)."""
+        return admission.plan(view)
 
     def _emit_event(self, make) -> None:
         """Record an event when someone wants this step's events (`make` builds it only then)."""
