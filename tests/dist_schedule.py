@@ -4,14 +4,14 @@ MLX_HOSTFILE / MLX_RANK set). Steps are driven by the caller, so both runs see t
 at the same steps: scalar greedy and seeded, a batch, a preempt that gates over cap 2 and
 resumes, a cancellation and a close with a request still live.
 
-Each rank writes OUT/rank{R}.json: its finished streams (session, rid, tokens, finish reason),
-rank 0's transition counts per session, and its communication statistics.
+Rank 0 writes OUT/rank0.json (its finished streams: session, rid, tokens, finish reason; its
+transition counts per session; its communication statistics) and prints "schedule done"; the
+other rank appends each stream it finishes to OUT/rank1.jsonl as it goes.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -57,19 +57,19 @@ def run(lm, new_engine) -> dict:
         transitions.append({t.value: n for t, n in engine.counters.transitions.items() if n})
 
     def scalar(submit, drain):  # one request at a time: the scalar loop, greedy then seeded
-        submit(0, _p(20))
+        submit(0, _p(12))
         drain()
-        submit(1, _p(20, 0.8, seed=7))
+        submit(1, _p(12, 0.8, seed=7))
         return True
 
     def batch(submit, drain):  # three at once: a batch, greedy and seeded rows side by side
-        submit(2, _p(16))
-        submit(3, _p(16, 0.9, seed=3))
-        submit(4, _p(16, 0.7, seed=11, top_k=20))
+        submit(2, _p(10))
+        submit(3, _p(10, 0.9, seed=3))
+        submit(4, _p(10, 0.7, seed=11, top_k=20))
         return True
 
     def preempt(submit, drain):  # a long request, then two waiters: preempt, gate over cap 2, resume
-        submit(0, _p(40, 0.8, seed=5))
+        submit(0, _p(28, 0.8, seed=5))
         drain(steps=3)
         submit(1, _p(6))
         submit(2, _p(6, 1.0, seed=9))
@@ -90,28 +90,45 @@ def run(lm, new_engine) -> dict:
     return {"records": records, "transitions": transitions}
 
 
-def main(out: Path) -> int:
+def run_long(lm, cluster) -> None:
+    """One long request, for the test that kills a rank mid-way: "decoding" is printed once rank 0
+    has run a few steps."""
+    engine = cluster.engine(lm, EngineConfig())
+    engine.submit(lm.tokenizer.encode(PROMPTS[0]), _p(900), start=False)
+    steps = 0
+    while engine.has_work:
+        engine.step()
+        steps += 1
+        if steps == 3:
+            print("decoding", flush=True)
+
+
+def main(out: Path, then_long: bool = False) -> int:
+    """The schedule; with `then_long`, once it is written ("schedule done"), one long request."""
+    import faulthandler
+    import signal
+
     from gmlx.distributed import start
 
-    import time
-    t0 = time.perf_counter()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out asks for the stacks
     cluster = start()
-    t1 = time.perf_counter()
     lm = cluster.load(None)
-    t2 = time.perf_counter()
-    print("start", t1 - t0, "load", t2 - t1, file=sys.stderr)
     if not cluster.leader:
-        seen = []
-        cluster.on_replica_finish = lambda sid, r: seen.append([sid, r.request_id, list(r.tokens), r.finish_reason])
-        code = cluster.follow(lm)
-        (out / f"rank{cluster.rank}.json").write_text(json.dumps({"records": seen, "stats": cluster.stats}))
-        return code
+        with open(out / f"rank{cluster.rank}.jsonl", "w") as f:
+            def seen(sid, r):
+                f.write(json.dumps([sid, r.request_id, list(r.tokens), r.finish_reason]) + "\n")
+                f.flush()
+
+            cluster.on_replica_finish = seen
+            return cluster.follow(lm)
     with cluster:
         result = run(lm, lambda config, switches: cluster.engine(lm, config, switches=switches))
-    print("run", time.perf_counter() - t2, file=sys.stderr)
-    (out / "rank0.json").write_text(json.dumps({**result, "stats": cluster.stats}))
+        (out / "rank0.json").write_text(json.dumps({**result, "stats": cluster.stats}))
+        print("schedule done", flush=True)
+        if then_long:
+            run_long(lm, cluster)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(Path(sys.argv[1])))
+    raise SystemExit(main(Path(sys.argv[1]), then_long="--then-long" in sys.argv[2:]))

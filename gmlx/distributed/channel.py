@@ -1,13 +1,16 @@
 """One collective per engine step: rank 0's message to every rank, and every rank's position.
 
 Every exchange is one `all_sum` of an int32 buffer laid out as
-`[payload length, (session, step, checksum) per rank, payload words...]`: rank 0 writes the
-length and the payload (a JSON message, 4 bytes a word), every rank writes its own position
-triple, the others contribute zeros; the sum is exact in int32, so after it every rank holds rank
+`[payload length, (1, session, step, checksum) per rank, payload words...]`: rank 0 writes the
+length and the payload (a JSON message, 4 bytes a word), every rank writes a 1 (its presence)
+and its position, the others contribute zeros; the sum is exact in int32, so after it every rank holds rank
 0's message and every rank's position. Why all_sum: it is the one collective every MLX backend
 (ring, MPI, JACCL, NCCL) provides, and the ring backend cannot send between arbitrary ranks.
 A message longer than the buffer (new prompts) takes a second all_sum of the rest, its size now
 known to every rank; a step without new requests costs one small all_sum.
+
+A missing presence means that rank's part never arrived: after a peer dies, MLX's ring backend
+(0.32.4) can end a pending all_sum with this rank's own input instead of an error.
 
 A position is what a rank has done so far: (engine session, steps run, a rolling checksum of
 every token it emitted and every plan it applied). Each rank compares all positions after each
@@ -36,6 +39,10 @@ def fold(h: int, *values: int) -> int:
     for v in values:
         h = (h * 1_000_003 + (int(v) & 0xFFFFFFFF) + 1) % _P
     return h
+
+
+class PeerLost(RuntimeError):
+    """Another rank's part of a collective never arrived (its process or its host went away)."""
 
 
 def fatal(message: str, code: int = 1) -> None:
@@ -79,7 +86,8 @@ class Channel:
         self.position = (0, 0, 0)  # (session, step, checksum) as of the last completed step
         self.stats = CommStats()
         self.closed = False  # after the exit message nothing more may be exchanged
-        self._head = 1 + 3 * self.size
+        self.lost_peer: int | None = None  # a rank whose liveness connection closed (gmlx/distributed/liveness.py)
+        self._head = 1 + 4 * self.size
 
     @property
     def leader(self) -> bool:
@@ -93,12 +101,16 @@ class Channel:
         t0 = time.perf_counter()
         data = json.dumps(message, separators=(",", ":")).encode() if self.leader else b""
         buf = np.zeros(self._head + WORDS, dtype=np.int32)
-        buf[1 + 3 * self.rank: 4 + 3 * self.rank] = self.position
+        buf[1 + 4 * self.rank: 5 + 4 * self.rank] = (1, *self.position)
         if self.leader:
             buf[0] = len(data)
             first = _words(data[: 4 * WORDS])
             buf[self._head: self._head + len(first)] = first
         out = self._all_sum(buf)
+        slots = out[1: self._head].reshape(self.size, 4)
+        missing = [r for r in range(self.size) if slots[r, 0] != 1]
+        if missing:
+            raise PeerLost(f"the part of rank {missing[0]} never arrived in the exchange")
         length = int(out[0])
         payload = out[self._head:].tobytes()[: min(length, 4 * WORDS)]
         if length > 4 * WORDS:
@@ -106,7 +118,7 @@ class Channel:
             if self.leader:
                 rest[:] = _words(data[4 * WORDS:])
             payload += self._all_sum(rest).tobytes()[: length - 4 * WORDS]
-        self._check_positions(out[1: self._head].reshape(self.size, 3))
+        self._check_positions(slots[:, 1:])
         dt = time.perf_counter() - t0
         self.stats.exchanges += 1
         self.stats.seconds += dt
@@ -123,7 +135,7 @@ class Channel:
         if (pos == pos[0]).all():
             return
         bad = next(r for r in range(self.size) if (pos[r] != pos[0]).any())
-        (s0, n0, c0), (s1, n1, c1) = pos[0].tolist(), pos[bad].tolist()
+        (s0, n0, c0), (s1, n1, c1) = map(int, pos[0]), map(int, pos[bad])
         if (s0, n0) != (s1, n1):
             what = f"rank 0 is at session {s0} step {n0}, rank {bad} at session {s1} step {n1}"
         else:

@@ -17,6 +17,7 @@ every rank ("hello") and ends it at close(). Nothing but rank 0's messages drive
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import mlx.core as mx
 
 from gmlx.config import EngineConfig, Switches
 from gmlx.distributed import protocol
-from gmlx.distributed.channel import Channel, fatal
+from gmlx.distributed.channel import Channel, PeerLost, fatal
+from gmlx.distributed.liveness import Liveness
 from gmlx.distributed.watchdog import Watchdog, timeout_from_env
 from gmlx.errors import GmlxError, LaunchError, ReplicaDivergence
 from gmlx.models.loading import LoadedModel
@@ -50,6 +52,12 @@ class Cluster:
         self.watchdog = Watchdog(self.rank, timeout_s)
         self.on_replica_finish = None  # called with (session, FinalRecord) as a follower's engine finishes one
         self._sids = itertools.count(1)
+        self.watchdog.arm("connecting the ranks")
+        try:
+            Liveness(self.channel).start()
+        except Exception as e:  # noqa: BLE001
+            fatal(self.describe(e, "connecting the ranks"))
+        self.watchdog.disarm()
 
     @property
     def leader(self) -> bool:
@@ -123,6 +131,7 @@ class Cluster:
             kind = msg["k"]
             if kind == protocol.STEP:
                 engine.follow(msg)
+                time.sleep(msg.get("nap", 0))  # rank 0 is idle: wait here, not spinning in the next exchange
             elif kind == protocol.HELLO:
                 engine = self._replica(ReplicaEngine, lm, msg)
             elif kind == protocol.CLOSE:
@@ -151,7 +160,8 @@ class Cluster:
         if isinstance(e, ReplicaDivergence):
             return f"distributed: rank {self.rank}, {where}: {e}"
         text = str(e)
-        if isinstance(e, RuntimeError) and ("[ring]" in text or "connection" in text.lower()):
+        ring = isinstance(e, RuntimeError) and ("[ring]" in text or "connection" in text.lower())
+        if isinstance(e, PeerLost) or ring:
             return (f"distributed: rank {self.rank} lost the connection to another rank {where} ({e}); that rank"
                     " died or its host went away: its own output names why")
         return f"distributed: rank {self.rank} failed {where}: {type(e).__name__}: {e}"

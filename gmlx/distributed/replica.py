@@ -18,12 +18,13 @@ the ranks cannot be known to hold the same state.
 from __future__ import annotations
 
 import threading
+import time
 
 import mlx.core as mx
 
 from gmlx.distributed import protocol
 from gmlx.distributed.channel import fatal, fold
-from gmlx.distributed.watchdog import HEARTBEAT_S
+from gmlx.distributed.watchdog import HEARTBEAT_S, IDLE_NAP_AFTER_S, IDLE_NAP_S
 from gmlx.engine.engine import Engine
 from gmlx.engine.intake import make_row
 from gmlx.engine.row import Row
@@ -31,7 +32,7 @@ from gmlx.engine.service import Service
 from gmlx.engine.stream import Stream
 from gmlx.errors import EngineBusy, EngineClosed, InvalidRequest, LaunchError, ReplicaDivergence
 from gmlx.policy import admission
-from gmlx.policy.admission import Plan
+from gmlx.policy.admission import Mode, Plan, Round
 
 _FINISH = {None: 0, "length": 1, "stop": 2, "cancelled": 3, "error": 4}
 
@@ -155,6 +156,7 @@ class ReplicaEngine(Engine):
         self._sent_caps = None
         self._leader_caps = None
         self._close_sent = False
+        self._idle_since: float | None = None  # rank 0: when its engine last went idle
         self._lock = threading.Lock()
 
     @property
@@ -186,6 +188,8 @@ class ReplicaEngine(Engine):
             if self._caps is not self._sent_caps:
                 msg["cap"] = protocol.encode_caps(self._caps)
                 self._sent_caps = self._caps
+            if self._idle_for(view, plan) >= IDLE_NAP_AFTER_S:
+                msg["nap"] = IDLE_NAP_S
             self.channel.exchange(msg)
         elif protocol.encode_plan(plan) != self._msg["p"]:
             raise ReplicaDivergence(f"rank {self.channel.rank} diverged from rank 0 at step {self.steps + 1} of engine"
@@ -194,12 +198,26 @@ class ReplicaEngine(Engine):
         self.checksum = fold(self.checksum, protocol.plan_digest(plan))
         return plan
 
+    def _idle_for(self, view: admission.View, plan: Plan) -> float:
+        """How long rank 0's engine has had nothing to do (0 while it has work)."""
+        now = time.monotonic()
+        if view.mode is not Mode.IDLE or view.queued or plan.round is not Round.NONE:
+            self._idle_since = None
+            return 0.0
+        if self._idle_since is None:
+            self._idle_since = now
+        return now - self._idle_since
+
     def _refresh_caps(self):
         if self.channel.leader:
             return super()._refresh_caps()
         return self._leader_caps or self._caps  # rank 0's decision: its env and user config rule
 
     def _deliver(self, row: Row, res, now: float) -> tuple:
+        lost = self.channel.lost_peer
+        if lost is not None and not self.channel.closed:  # this round's all_sums may have lacked its part
+            fatal(f"distributed: rank {self.channel.rank}: rank {lost}'s process ended during step {self.steps + 1} of"
+                  f" engine {self.sid}; its own output names why")
         before = len(row.tokens)
         out = super()._deliver(row, res, now)
         self.checksum = fold(self.checksum, row.rid, *row.tokens[before:], _FINISH.get(row.finish_reason, 5))

@@ -98,4 +98,4 @@ def load_sharded(path: str | Path | None, group) -> LoadedModel:
         raise error
     if failed:
         raise LaunchError(f"rank {group.rank()}: another rank could not use the model (its error names why)")
-    return load(p, prepare=lambda model: model.shard(group))
+    return load(path, prepare=lambda model: model.shard(group))

@@ -4,7 +4,10 @@ waiting forever. The watchdog ends this rank with a clear message when one armed
 engine step, or a follower's wait for rank 0's next message) outlasts the timeout.
 
 Rank 0 beats while idle (its engine thread runs an empty step every HEARTBEAT_S), so a follower's
-wait is bounded too. The timeout is `GMLX_DIST_TIMEOUT` seconds (default 300: a long prefill of a
+wait is bounded too. MLX's ring backend polls its sockets while a collective waits, so a follower
+waiting for rank 0 keeps a core busy; once rank 0 has been idle IDLE_NAP_AFTER_S, its heartbeats
+tell the followers to sleep IDLE_NAP_S before the next exchange (an idle server then costs the
+followers' hosts little, and its next request waits at most IDLE_NAP_S longer for them). The timeout is `GMLX_DIST_TIMEOUT` seconds (default 300: a long prefill of a
 large model over a slow link must fit in one step).
 """
 
@@ -19,6 +22,8 @@ from gmlx.errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 300.0
 HEARTBEAT_S = 1.0
+IDLE_NAP_AFTER_S = 5.0
+IDLE_NAP_S = 0.9
 
 
 def timeout_from_env(environ: dict | None = None) -> float:
