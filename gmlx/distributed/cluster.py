@@ -70,7 +70,11 @@ class Cluster:
     def load(self, path: str | Path | None = None) -> LoadedModel:
         from gmlx.distributed.shard import load_sharded
 
-        return load_sharded(path, self.group)
+        try:
+            return load_sharded(path, self.group)
+        except LaunchError:
+            self.channel.closed = True  # every rank learnt it in the same exchange: nothing more to say
+            raise
 
     # ---- rank 0 ---------------------------------------------------------------------------
     def engine(self, lm: LoadedModel, config: EngineConfig | None = None, *, switches: Switches | None = None,
