@@ -31,3 +31,12 @@ class Overloaded(GmlxError):
 
 class EngineBusy(GmlxError):
     """step() was called while the engine thread drives the engine."""
+
+
+class LaunchError(GmlxError):
+    """A distributed run was set up wrongly: no launcher, a model that cannot shard, a width the
+    model's head count does not divide, ranks that loaded different models."""
+
+
+class ReplicaDivergence(GmlxError):
+    """The ranks of a distributed engine no longer hold the same state (a bug, never a user error)."""

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from gmlx.errors import GmlxError
-from gmlx_cli import ui
+from gmlx_cli import dist, ui
 from gmlx_cli.bench import bench
 from gmlx_cli.convert import convert
 from gmlx_cli.doctor import doctor
@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     try:
         code = _dispatch(args, _debug_requested(args))
+        dist.finish(code)  # --distributed: the other ranks exit with rank 0's code
     finally:
         gc.collect()  # free a closed engine's arrays while MLX is alive
     raise SystemExit(code)

@@ -23,17 +23,17 @@ from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.drafters.select import can_draft
 from gmlx.engine.intake import make_row, tokenize
+from gmlx_cli import dist, ui
 from gmlx_cli import generate as _gen
-from gmlx_cli import ideal, ui
+from gmlx_cli import ideal
 from gmlx_cli.baselines import MlxBatchBackend, MlxStreamBackend
 from gmlx_cli.fit import fit_requests
 from gmlx_cli.live import LiveView, print_table
-from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, ConcurrencyOpt, DebugOpt, DrafterOpt, DraftModelOpt,
-                              IgnoreEosOpt,
-                              JoinAfterOpt, LabelOpt, LongTokensOpt, MaxTokensRangeOpt, ModelOpt, NumDraftOpt,
-                              OutDirOpt, PromptsFileOpt, RateOpt, RepeatsOpt, RequestsOpt, ResultsJsonOpt, SeedOpt,
-                              ServedModelOpt, StaggerOpt, TempOpt, UrlOpt, VerifyOpt, WarmupOpt, WidthCapOpt)
-from gmlx_cli.options import BenchApiKeyOpt
+from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, BenchApiKeyOpt, ConcurrencyOpt, DebugOpt, DistributedOpt,
+                              DrafterOpt, DraftModelOpt, IgnoreEosOpt, JoinAfterOpt, LabelOpt, LongTokensOpt,
+                              MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt, PromptsFileOpt, RateOpt, RepeatsOpt,
+                              RequestsOpt, ResultsJsonOpt, SeedOpt, ServedModelOpt, StaggerOpt, TempOpt, UrlOpt,
+                              VerifyOpt, WarmupOpt, WidthCapOpt)
 from gmlx_cli.outdir import check_out_dir
 from gmlx_cli.workload import (Arrival, Backend, EngineBackend, build_requests, drive, load_prompt_specs,
                                parse_int_list, parse_token_range)
@@ -92,24 +92,27 @@ def plan_arms(ab: str | None, baselines: list[str], env: Switches, has_drafter: 
     return arms
 
 
-def make_backend(lm, arm: Arm, config: EngineConfig, concurrency: int, ignore_eos: bool) -> tuple[Backend, str]:
-    """A fresh backend for one run, and the cap it runs under (for the view and the tables)."""
+def make_backend(lm, arm: Arm, config: EngineConfig, concurrency: int, ignore_eos: bool,
+                 new_engine=Engine) -> tuple[Backend, str]:
+    """A fresh backend for one run, and the cap it runs under (for the view and the tables).
+    `new_engine`: Engine, or a cluster's (--distributed: the same engine on every rank)."""
     if arm.backend == "mlx-lm-batch":
         return MlxBatchBackend(lm, ignore_eos, concurrency), "-"
     if arm.backend == "mlx-lm-stream":
         return MlxStreamBackend(lm, ignore_eos), "-"
-    engine = Engine(lm, replace(config, speculative=arm.speculative),
-                    switches=Switches(preempt=arm.preempt, resume=arm.resume))
+    engine = new_engine(lm, replace(config, speculative=arm.speculative),
+                        switches=Switches(preempt=arm.preempt, resume=arm.resume))
     return EngineBackend(engine), engine.cap_decision().text if arm.speculative else "-"
 
 
-def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, runs, ignore_eos=False) -> list[Run]:
+def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, runs, ignore_eos=False,
+               new_engine=Engine) -> list[Run]:
     """Every (concurrency, repeat) runs every arm, in ABBA order. Each run is appended to `runs`
     before it starts, so an interrupt leaves the caller the partial one too."""
     for c in concurrencies:
         for rep in range(repeats):
             for arm in arms if rep % 2 == 0 else arms[::-1]:
-                backend, cap = make_backend(lm, arm, config, c, ignore_eos)
+                backend, cap = make_backend(lm, arm, config, c, ignore_eos, new_engine)
                 run = Run(arm, c, rep, cap)
                 runs.append(run)
                 view.begin(f"{arm.name} c={c} rep {rep}", speculative=arm.speculative, cap=cap)
@@ -175,6 +178,7 @@ def bench(
     api_key: BenchApiKeyOpt = None,
     served_model: ServedModelOpt = None,
     label: LabelOpt = None,
+    distributed: DistributedOpt = False,
     debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
 ) -> None:
     """Benchmark simulated concurrent requests: live view, per-cell summary, CSV/JSON/PNG in --out."""
@@ -187,7 +191,7 @@ def bench(
     _url.check_options(url, {"--model": model, "--ab": ab, "--baseline": baseline, "--verify": verify,
                              "--num-draft-tokens": num_draft_tokens, "--draft-model": draft_model, "--drafter": drafter,
                              "--speculative-width-cap": speculative_width_cap, "--api-key": api_key,
-                             "--served-model": served_model, "--label": label})
+                             "--served-model": served_model, "--label": label, "--distributed": distributed})
     check_out_dir(out)
     concs = parse_int_list(concurrency, "--concurrency")
     budget = parse_token_range(max_tokens)
@@ -199,6 +203,9 @@ def bench(
         raise InvalidRequest(f"--repeats must be >= 1, got {repeats}")
     if requests < 1:
         raise InvalidRequest(f"--requests must be >= 1, got {requests}")
+    if distributed and ("mlx-lm" in baselines or verify):
+        raise InvalidRequest("--baseline mlx-lm and --verify run the model outside the engine, on rank 0 alone;"
+                             " with --distributed use --baseline plain (tests/test_distributed.py checks the streams)")
     seed_drawn = seed is None
     seed = secrets.randbits(31) if seed is None else seed
     specs = load_prompt_specs(prompts)
@@ -211,7 +218,9 @@ def bench(
                           draft_model=str(draft_model) if draft_model else None).validated()
     env = Switches.from_env()
     blas.warn_if_reference()
-    lm = _gen._load_model(model)
+    cluster = dist.join(distributed)
+    lm = dist.load(cluster, model, _gen._load_model)
+    new_engine = cluster.engine if cluster else Engine
     # The whole workload against the context first: advice that holds for every prompt, not one.
     ids = {r.request_id: tokenize(lm, r.prompt) for r in reqs}
     reqs, notices = fit_requests(lm.context_length, reqs, ids, budget, max_tokens, long_tokens)
@@ -231,9 +240,9 @@ def bench(
             for arm in arms:
                 short = [replace(r, params=replace(r.params, max_tokens=min(4, r.params.max_tokens)), arrival_s=0.0,
                                  after_start=False) for r in reqs[:2]]
-                drive(make_backend(lm, arm, config, 2, ignore_eos)[0], short, ids, 2)
+                drive(make_backend(lm, arm, config, 2, ignore_eos, new_engine)[0], short, ids, 2)
         with view:
-            run_matrix(lm, arms, reqs, ids, concs, repeats, config, view, runs, ignore_eos)
+            run_matrix(lm, arms, reqs, ids, concs, repeats, config, view, runs, ignore_eos, new_engine)
         if verify:
             verdict = verify_runs(lm, runs)
     except KeyboardInterrupt:
@@ -246,7 +255,8 @@ def bench(
         command="bench", model=lm.name, model_path=str(lm.path), seed=seed, seed_drawn=seed_drawn,
         interrupted=interrupted, options=options,
         config={"num_draft_tokens": num_draft_tokens, "default_k": lm.default_k,
-                "speculative_width_cap": speculative_width_cap, "arms": [a.__dict__ for a in arms]})
+                "speculative_width_cap": speculative_width_cap, "arms": [a.__dict__ for a in arms],
+                "distributed": cluster.stats if cluster else None})
     payload = {"meta": meta, "cells": results.records(cell_df),
                "requests": results.records(req_df),
                "transitions": results.transitions_by_arm(runs)}

@@ -39,7 +39,7 @@ def _client():
 
 # bench options that configure the in-process engine: meaningless against a server
 ENGINE_ONLY = ("--model", "--ab", "--baseline", "--verify", "--num-draft-tokens", "--draft-model", "--drafter",
-               "--speculative-width-cap")
+               "--speculative-width-cap", "--distributed")
 URL_ONLY = ("--served-model", "--label")  # --api-key may come from GMLX_API_KEY, set for the server
 
 

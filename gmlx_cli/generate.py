@@ -13,11 +13,12 @@ from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.models.loading import LoadedModel, load
 from gmlx.engine.stream import FinalRecord
-from gmlx_cli import ui
+from gmlx_cli import dist, ui
 from gmlx_cli.options import (
     SAMPLING_DEFAULTS as D,
     ChatOpt,
     DebugOpt,
+    DistributedOpt,
     DrafterOpt,
     DraftModelOpt,
     JsonOpt,
@@ -70,6 +71,7 @@ def generate(
     chat: ChatOpt = None,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,
+    distributed: DistributedOpt = False,
     debug: DebugOpt = False,  # noqa: ARG001 - consumed by the error boundary from argv
 ) -> None:
     """Generate text from PROMPT, streaming it to stdout; statistics go to stderr.
@@ -85,12 +87,13 @@ def generate(
     ).validated()
     config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens, drafter=drafter,
                           draft_model=str(draft_model) if draft_model else None).validated()
-    lm = _load_model(model)
+    cluster = dist.join(distributed)
+    lm = dist.load(cluster, model, _load_model)
     # The engine checks prompt length against the context itself; transformers' tokenizer would
     # add a second, misleading "will result in indexing errors" line. Set after the load, which
     # is what configures transformers' logger.
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    engine = Engine(lm, config)
+    engine = (cluster.engine if cluster else Engine)(lm, config)
     for line in engine.notices:
         ui.notice(line)
     if speculative is None and not engine.speculative and not engine.notices:

@@ -105,6 +105,11 @@ JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead of streaming.",
                        rich_help_panel=_OUTPUT)
 ]
+DistributedOpt = Annotated[
+    bool, typer.Option("--distributed", help="Run as one rank of a tensor-parallel group started by mlx.launch"
+                       " (every rank runs the same command; rank 0 prints). See the README's distributed section.",
+                       rich_help_panel="Distributed")
+]
 # Read by the error boundary straight from argv (it must know before parsing can fail);
 # declared here so that it is accepted and documented by every command.
 DebugOpt = Annotated[

@@ -116,8 +116,8 @@ class Engine:
         self._events = events = [] if want_events else None
         if self.service.cancel_requested():
             self._reap_cancelled()
-        caps_now = self.caps.refresh()  # once per round: the env and the user config may change live
-        plan = admission.plan(self._view(caps_now.cap))
+        caps_now = self._refresh_caps()  # once per round: the env and the user config may change live
+        plan = self._decide(self._view(caps_now.cap))
         self._apply(plan)
         trace.mark("admission")
         self._round(plan.round)
@@ -126,6 +126,14 @@ class Engine:
             notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
         trace.end_round()
         return events or []
+
+    def _refresh_caps(self) -> caps.CapDecision:
+        """This round's cap decision. A replica follows its leader's instead (gmlx/distributed)."""
+        return self.caps.refresh()
+
+    def _decide(self, view: admission.View) -> Plan:
+        """This step's plan. A replica takes it from its leader instead (gmlx/distributed)."""
+        return admission.plan(view)
 
     def _emit_event(self, make) -> None:
         """Record an event when someone wants this step's events (`make` builds it only then)."""

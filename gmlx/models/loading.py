@@ -179,10 +179,12 @@ def _smollm2() -> Path:
 PACKAGED = {"smollm2": _smollm2}
 
 
-def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel:
+def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) -> LoadedModel:
     """Load a local mlx-lm model directory (default: the embedded model) and its drafter head,
     if any (`drafter=False` skips looking: plain decoding only). A `.gguf` file is converted once
-    into a cache directory (`gmlx.models.gguf.cached_conversion`) and loaded from there."""
+    into a cache directory (`gmlx.models.gguf.cached_conversion`) and loaded from there.
+    `prepare(model)` runs on the mlx-lm model before its weights are read (tensor-parallel
+    sharding: gmlx/distributed), so only what it keeps is ever materialised."""
     import mlx_lm
 
     p = Path(path).expanduser() if path is not None else default_model_path()
@@ -195,7 +197,10 @@ def load(path: str | Path | None = None, *, drafter: bool = True) -> LoadedModel
         p = cached_conversion(p)
     check_model_dir(p)
     try:
-        model, tokenizer, config = mlx_lm.load(str(p), return_config=True)
+        model, tokenizer, config = mlx_lm.load(str(p), return_config=True, lazy=prepare is not None)
+        if prepare is not None:
+            prepare(model)
+            mx.eval(model.parameters())  # sync: materialise the kept weights at load time
     except (ValueError, FileNotFoundError, KeyError, OSError) as e:
         raise ModelLoadError(f"could not load {str(p)!r} with mlx-lm: {e}") from None
     except RuntimeError as e:  # MLX's safetensors reader: a truncated or corrupt weights file
