@@ -155,13 +155,14 @@ def main(argv: list[str] | None = None) -> None:
                     plan.append((split, kind, per_kind[kind][j]))
     if a.corpus:  # teacher forcing on text instead of answers (several times cheaper per token here)
         it = corpus_windows(lm, a.corpus_seq, a.seed + 1)
-        plan = [("train", "corpus", [next(it) for _ in range(a.batch)]) for _ in range(10_000)]
+        plan = [("train", "corpus", None)] * 100_000  # windows drawn when their batch runs
     t0, log, counts = time.time(), [], {"val": 0, "train": 0}
     for i, (split, kind, batch) in enumerate(plan):
         if time.time() - t0 > a.minutes * 60:
             break
         temp = 0.8 if i % 4 == 3 and kind != "corpus" else 0.0
         tb = time.time()
+        batch = batch if batch is not None else [next(it) for _ in range(a.batch)]
         rows = teacher_forced(target, batch) if kind == "corpus" else generate(target, batch, a.max_new, temp, eos)
         n = save_shard(a.out / f"{split}-{counts[split]:04d}.npz", rows)
         counts[split] += 1

@@ -15,7 +15,7 @@ logits are free: they are `h @ E^T` (tied embeddings), so the loss per depth is
 outside the draft vocabulary; the feature term is EAGLE's), at depth 1 (token t+2) and, weighted
 `--w2`, depth 2 (t+3, chained on the head's own output). Held-out agreement (head argmax ==
 target argmax, teacher-forced) is logged every `--eval-min` minutes, and the head is exported
-(float16) at each evaluation, so a stopped run still leaves a usable head.
+(float16) whenever it is the best so far, so a stopped run still leaves a usable head.
 """
 
 from __future__ import annotations
@@ -144,6 +144,16 @@ def export(head: VocabMTPHead, out: Path) -> None:
     (out / "mtp_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+def keep_best(head: VocabMTPHead, out: Path, curve: list[dict], best: float) -> float:
+    """Export when held-out agreement on answers (what serving sees) is the best so far: with
+    little data, later epochs may overfit."""
+    score = curve[-1]["t2_answer"]
+    curve[-1]["exported"] = score > best
+    if score > best:
+        export(head, out)
+    return max(score, best)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, nargs="+", required=True, help="shard directories")
@@ -197,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     curve = [{"min": 0.0, "step": 0, **agreement(head, target, rows, val, ids)}]
     print(f"init {curve[-1]}", flush=True)
     t0, step, next_eval, order = time.time(), 0, a.eval_min * 60, np.array([], dtype=np.int64)
+    best = -1.0
     while time.time() - t0 < a.minutes * 60:
         if len(order) < a.batch:
             order = np.concatenate([order, rng.permutation(len(train["x1"]))])
@@ -215,12 +226,12 @@ def main(argv: list[str] | None = None) -> None:
             next_eval += a.eval_min * 60
             curve.append({"min": el / 60, "step": step, **agreement(head, target, rows, val, ids)})
             print(f"eval {curve[-1]}", flush=True)
-            export(head, a.out)
+            best = keep_best(head, a.out, curve, best)
     wall = time.time() - t0
     if curve[-1]["step"] != step:
         curve.append({"min": wall / 60, "step": step, **agreement(head, target, rows, val, ids)})
-        export(head, a.out)
-    log = {"args": {k: str(v) for k, v in vars(a).items()}, "steps": step, "wall_min": wall / 60,
+        best = keep_best(head, a.out, curve, best)
+    log = {"args": {k: str(v) for k, v in vars(a).items()}, "steps": step, "wall_min": wall / 60, "best_t2_answer": best,
            "positions_per_epoch": n_train, "epochs": step * a.batch / len(train["x1"]),
            "vocab_coverage_val": curve[-1]["covered"], "curve": curve}
     (a.out / LOG_FILE).write_text(json.dumps(log, indent=1) + "\n")
