@@ -4,7 +4,9 @@ A model directory is mlx-lm's format: config.json, *.safetensors, tokenizer file
 the target unchanged; gmlx then looks for a drafter head, first found wins:
 
 1. gmlx's own head beside the weights: `mtp_config.json` + `mtp_head.safetensors`
-   (`gmlx.models.mtp`), drafter kind "mtp";
+   (`gmlx.models.mtp`; with a reduced draft vocabulary: `gmlx.models.draft_vocab`), drafter
+   kind "mtp"; a conversion of a GGUF file gmlx trained a head for (`gmlx.models.smollm2`)
+   gets that shipped head when it has none beside it;
 2. the checkpoint's own MTP layer, which mlx-lm drops (`gmlx.models.native_mtp`): kind
    "native-mtp:deepseek_v3" (`model.layers.{N}.*`) or "native-mtp:qwen3_next" (`mtp.*`);
 3. none: the model still loads and decodes plain.
@@ -24,11 +26,12 @@ from pathlib import Path
 import mlx.core as mx
 
 from gmlx.errors import ModelLoadError
-from gmlx.models import family
+from gmlx.models import family, smollm2
 from gmlx.models.adapter import Target
 from gmlx.models.checkpoint import Checkpoint
 from gmlx.models.heads import POST_NORM, BoundHead
-from gmlx.models.mtp import MTPConfig, MTPHead, bind_mtp_head
+from gmlx.models.draft_vocab import build_head
+from gmlx.models.mtp import MTPHead
 from gmlx.models.native_mtp import BoundNativeHead, load_native_head
 
 DEFAULT_K = 3  # when a model ships no measured default
@@ -164,8 +167,9 @@ def _unreadable_weights(path: Path) -> Path | None:
 
 
 def load_head(path: Path) -> MTPHead | None:
-    """gmlx's own head (unbound), or None when the directory has none."""
-    return load_beside(path, "mtp_config.json", "mtp_head.safetensors", lambda d: MTPHead(MTPConfig.from_dict(d)))
+    """gmlx's own head (unbound), or None when the directory has none; with a reduced draft
+    vocabulary when its config names one (`gmlx.models.draft_vocab`)."""
+    return load_beside(path, "mtp_config.json", "mtp_head.safetensors", build_head)
 
 
 def _smollm2() -> Path:
@@ -209,6 +213,8 @@ def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) 
             raise
         raise weights_error(bad or p, e) from None
     gmlx_head = load_head(p) if drafter else None
+    if drafter and gmlx_head is None and (shipped := smollm2.shipped_head_dir(p)) is not None:
+        gmlx_head = load_head(shipped)  # a known GGUF's conversion: the head gmlx trained for it
     native = load_native_head(Checkpoint(p), model, config) if drafter and gmlx_head is None else None
     convention = POST_NORM  # every head below wants the post-norm hidden (BoundHead subclasses say so)
     if native is not None:
@@ -217,7 +223,7 @@ def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) 
     target.check()
     head: BoundHead | None = None
     if gmlx_head is not None:
-        head = bind_mtp_head(gmlx_head, target)
+        head = gmlx_head.bind(target)  # a draft-vocabulary head binds its own LM-head rows
     elif native is not None:
         head = BoundNativeHead(native[0], target, native[1].name)
     kind = head.kind if head is not None else None

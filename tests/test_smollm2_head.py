@@ -1,0 +1,62 @@
+"""The drafter gmlx ships for SmolLM2-135M-Instruct (gmlx/models/smollm2/): found beside the
+conversion of the known GGUF file, exact (greedy and seeded streams equal plain decoding,
+tie-aware), and really drafting (a fair share of its drafts accepted)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.models.draft_vocab import NEVER, BoundVocabMTPHead
+from gmlx.models.smollm2 import HEAD_DIR, shipped_head_dir
+from gmlx.testing import compare_streams
+
+CHAT = "Write a Python function that checks whether a number is even."
+
+
+def test_the_shipped_head_loads_with_the_conversion(smollm2):
+    lm = smollm2.load("float32")
+    assert shipped_head_dir(lm.path) == HEAD_DIR
+    assert lm.drafter_kind == "mtp" and isinstance(lm.head, BoundVocabMTPHead)
+    assert (HEAD_DIR / "mtp_head.safetensors").stat().st_size <= 10 << 20
+    g = mx.random.normal((1, 2, lm.target.hidden_size))
+    full, sub = lm.head.logits(g), lm.head.sub_logits(g)
+    assert full.shape == (1, 2, lm.target.vocab_size)
+    # Outside the draft vocabulary nothing is ever drafted; inside, the logits are the target's rows.
+    ids = np.array(lm.head.ids)
+    outside = np.setdiff1d(np.arange(lm.target.vocab_size), ids)[:100]
+    assert (np.array(full)[..., outside] == NEVER).all()
+    ref = lm.target.lm_head(g)[..., mx.array(ids)]
+    assert mx.allclose(sub, ref, atol=1e-3, rtol=1e-4).item()
+    assert np.isin(np.array(mx.argmax(full, axis=-1)), ids).all()
+
+
+def test_a_directory_not_from_the_known_file_gets_no_head(tmp_path):
+    assert shipped_head_dir(tmp_path) is None
+
+
+def test_streams_equal_plain_and_drafts_are_accepted(smollm2):
+    """Greedy and seeded T=0.8 streams with the head equal plain decoding, fp32 (code and chat)
+    and 4-bit (code, where one step costs more); greedy drafts are accepted."""
+    for dtype, n_prompts in (("float32", 2), ("q", 1)):
+        lm = smollm2.load(dtype)
+        tok = lm.tokenizer
+        prompts = [tok.encode("def fibonacci(n):\n"),
+                   list(tok.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True))]
+        plain, spec = Engine(lm, EngineConfig(speculative=False)), Engine(lm, EngineConfig(speculative=True))
+        assert spec.drafter is not None and spec.drafter.kind == "mtp"
+        assert lm.target.hidden_size == 576  # not the packed width of a quantized embedding (144 words)
+        drafted = accepted = 0
+        for prompt in prompts[:n_prompts]:
+            for params in (SamplingParams(max_tokens=20, temperature=0.0, seed=0),
+                           SamplingParams(max_tokens=20, temperature=0.8, seed=3)):
+                ref, got = plain.generate(prompt, params), spec.generate(prompt, params)
+                c = compare_streams(lm, prompt, ref.tokens, got.tokens, params)
+                assert c.ok, (dtype, params.temperature, c, ref.tokens, got.tokens)
+                if params.temperature == 0:
+                    drafted += got.stats["num_drafted"]
+                    accepted += got.stats["num_accepted"]
+        plain.close()
+        spec.close()
+        assert drafted > 0 and accepted / drafted > 0.2, (dtype, accepted, drafted)
