@@ -245,7 +245,8 @@ def test_load_gguf_path_converts_once_into_the_cache(smollm2, monkeypatch):
     monkeypatch.setenv("GMLX_CACHE", str(smollm2.cache_dir))
     monkeypatch.setattr("gmlx.models.gguf.convert_gguf", lambda *a: pytest.fail("converted again"))
     lm = load(smollm2.gguf)
-    assert lm.path == q_dir and lm.name == smollm2.gguf.name and not lm.has_drafter
+    assert lm.path == q_dir and lm.name == smollm2.gguf.name
+    assert lm.drafter_kind == "mtp"  # the head gmlx trained for this file (gmlx/models/smollm2/)
     origin = read_origin(q_dir)
     assert origin["source"] == smollm2.gguf.name and origin["dtype"] == "q" and len(origin["sha256"]) == 64
     assert origin["tensor_types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
