@@ -1,6 +1,11 @@
 import os
 
-import gmlx  # noqa: F401  (loads OpenBLAS before mlx)
+# Under pytest-xdist (the README's command runs one worker per core) each worker is one process
+# on its own core: OpenBLAS threads of their own would only contend. Set before OpenBLAS loads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import gmlx  # noqa: E402, F401  (loads OpenBLAS before mlx)
 import pytest
 from hypothesis import settings
 
@@ -11,6 +16,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # lone request speculates; tests use the built-in estimates so their schedules do not depend on
 # the machine's load. tests/test_costs.py tests the measurement and the decisions themselves.
 os.environ.setdefault("GMLX_ROUND_COSTS", "prior")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of the real model share one worker (--dist loadgroup): its conversions happen once."""
+    for item in items:
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smollm2"))
 
 
 @pytest.fixture(scope="session")

@@ -47,10 +47,11 @@ def test_greedy_other_k(lm, prompts, k):
         assert compare_tokens(lm, prompt, plain.tokens, spec.tokens, params).ok
 
 
-def test_seeded_sampling_speculative_equals_plain(lm, prompts):
-    for seed in (1, 2, 3):
+@pytest.mark.parametrize("seeds, n_prompts", [((1, 2), 3), pytest.param((1, 2, 3, 4), 8, marks=pytest.mark.slow)])
+def test_seeded_sampling_speculative_equals_plain(lm, prompts, seeds, n_prompts):
+    for seed in seeds:
         params = SamplingParams(max_tokens=48, temperature=0.8, top_p=0.95, seed=seed)
-        for prompt in prompts[:4]:
+        for prompt in prompts[:n_prompts]:
             spec = run_scalar(lm, prompt, params, k=3)
             plain = run_scalar(lm, prompt, params, speculative=False)
             assert compare_tokens(lm, prompt, plain.tokens, spec.tokens, params).ok, (seed, prompt)

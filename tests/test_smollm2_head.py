@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.models.draft_vocab import NEVER, BoundVocabMTPHead
@@ -36,27 +37,29 @@ def test_a_directory_not_from_the_known_file_gets_no_head(tmp_path):
     assert shipped_head_dir(tmp_path) is None
 
 
-def test_streams_equal_plain_and_drafts_are_accepted(smollm2):
-    """Greedy and seeded T=0.8 streams with the head equal plain decoding, fp32 (code and chat)
-    and 4-bit (code, where one step costs more); greedy drafts are accepted."""
-    for dtype, n_prompts in (("float32", 2), ("q", 1)):
-        lm = smollm2.load(dtype)
-        tok = lm.tokenizer
-        prompts = [tok.encode("def fibonacci(n):\n"),
-                   list(tok.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True))]
-        plain, spec = Engine(lm, EngineConfig(speculative=False)), Engine(lm, EngineConfig(speculative=True))
-        assert spec.drafter is not None and spec.drafter.kind == "mtp"
-        assert lm.target.hidden_size == 576  # not the packed width of a quantized embedding (144 words)
-        drafted = accepted = 0
-        for prompt in prompts[:n_prompts]:
-            for params in (SamplingParams(max_tokens=20, temperature=0.0, seed=0),
-                           SamplingParams(max_tokens=20, temperature=0.8, seed=3)):
-                ref, got = plain.generate(prompt, params), spec.generate(prompt, params)
-                c = compare_streams(lm, prompt, ref.tokens, got.tokens, params)
-                assert c.ok, (dtype, params.temperature, c, ref.tokens, got.tokens)
-                if params.temperature == 0:
-                    drafted += got.stats["num_drafted"]
-                    accepted += got.stats["num_accepted"]
-        plain.close()
-        spec.close()
-        assert drafted > 0 and accepted / drafted > 0.2, (dtype, accepted, drafted)
+@pytest.mark.parametrize("dtype, n_prompts", [
+    ("q", 1),  # what `--model smollm2` loads: the file's 4-bit blocks (verify through the twin)
+    pytest.param("float32", 2, marks=pytest.mark.slow),  # code and chat, fp32
+])
+def test_streams_equal_plain_and_drafts_are_accepted(smollm2, dtype, n_prompts):
+    """Greedy and seeded T=0.8 streams with the head equal plain decoding; greedy drafts are accepted."""
+    lm = smollm2.load(dtype)
+    tok = lm.tokenizer
+    prompts = [tok.encode("def fibonacci(n):\n"),
+               list(tok.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True))]
+    plain, spec = Engine(lm, EngineConfig(speculative=False)), Engine(lm, EngineConfig(speculative=True))
+    assert spec.drafter is not None and spec.drafter.kind == "mtp"
+    assert lm.target.hidden_size == 576  # not the packed width of a quantized embedding (144 words)
+    drafted = accepted = 0
+    for prompt in prompts[:n_prompts]:
+        for params in (SamplingParams(max_tokens=20, temperature=0.0, seed=0),
+                       SamplingParams(max_tokens=20, temperature=0.8, seed=3)):
+            ref, got = plain.generate(prompt, params), spec.generate(prompt, params)
+            c = compare_streams(lm, prompt, ref.tokens, got.tokens, params)
+            assert c.ok, (dtype, params.temperature, c, ref.tokens, got.tokens)
+            if params.temperature == 0:
+                drafted += got.stats["num_drafted"]
+                accepted += got.stats["num_accepted"]
+    plain.close()
+    spec.close()
+    assert drafted > 0 and accepted / drafted > 0.2, (dtype, accepted, drafted)
