@@ -97,6 +97,7 @@ class Cluster:
         self.send(protocol.hello(sid, engine.config, engine.switches, protocol.fingerprint(lm)),
                   f"starting engine {sid}")
         self.channel.position = engine.position
+        engine.agree_round_costs()
         return engine
 
     def send(self, msg: dict, what: str) -> None:
@@ -138,6 +139,9 @@ class Cluster:
                 time.sleep(msg.get("nap", 0))  # rank 0 is idle: wait here, not spinning in the next exchange
             elif kind == protocol.HELLO:
                 engine = self._replica(ReplicaEngine, lm, msg)
+                engine.agree_round_costs()
+            elif kind == protocol.COSTS:
+                engine.follow_costs(msg)
             elif kind == protocol.CLOSE:
                 engine.end_live("cancelled", drop_caches=True)
                 engine = None

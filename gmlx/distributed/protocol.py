@@ -5,6 +5,8 @@ Messages, by kind `k`:
 - "step":  one engine step: the requests submitted since the last step (`new`: rid, prompt ids,
   sampling params with their concrete seed), the rids cancelled (`c`), the newest rid the step
   may admit (`h`), the cap decision when it changed (`cap`), and rank 0's plan (`p`);
+- "costs": the round costs rank 0 measured for the session's engine (every rank measured them
+  together, its forwards' all_sums paired; all decide with rank 0's figures);
 - "close": the session's engine closed (its live and queued requests end "cancelled");
 - "exit":  the run is over; the other ranks exit with `code`.
 Tokens are never sent: every rank samples them itself (position-keyed noise, docs/design.md §3).
@@ -19,8 +21,9 @@ import json
 from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.policy.admission import Plan
 from gmlx.policy.caps import CapDecision
+from gmlx.policy.costs import Costs
 
-HELLO, STEP, CLOSE, EXIT = "hello", "step", "close", "exit"
+HELLO, STEP, COSTS, CLOSE, EXIT = "hello", "step", "costs", "close", "exit"
 _PARAMS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "ignore_eos")
 
 
@@ -50,6 +53,14 @@ def encode_caps(c: CapDecision) -> list:
 
 def decode_caps(v: list) -> CapDecision:
     return CapDecision(cap=v[0], source=v[1], k_by_width=tuple(tuple(p) for p in v[2]), notice=v[3])
+
+
+def costs(sid: int, c: Costs) -> dict:
+    return {"k": COSTS, "sid": sid, "verify": list(c.verify), "draft": c.draft, "source": c.source}
+
+
+def costs_of(msg: dict) -> Costs:
+    return Costs(tuple(msg["verify"]), msg["draft"], msg["source"] + " on rank 0")
 
 
 def hello(sid: int, config: EngineConfig, switches: Switches, fingerprint: str) -> dict:

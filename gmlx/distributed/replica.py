@@ -159,6 +159,25 @@ class ReplicaEngine(Engine):
         self._idle_since: float | None = None  # rank 0: when its engine last went idle
         self._lock = threading.Lock()
 
+    def _measure_round_costs(self) -> None:
+        """Not alone: the probe's forwards all_sum across ranks (`agree_round_costs`)."""
+
+    def agree_round_costs(self) -> None:
+        """Every rank, once every rank has this engine: measure the round costs together (the same
+        forwards, so their all_sums pair up); rank 0 then sends its figures, which every rank
+        decides with (measured apart, a lone request could go plain on one rank only)."""
+        if not (self.speculative and self.scalar.may_go_plain):
+            return
+        measured = self.scalar.round_costs()
+        if self.channel.leader:
+            self.cluster.send(protocol.costs(self.sid, measured), f"sharing engine {self.sid}'s round costs")
+
+    def follow_costs(self, msg: dict) -> None:
+        if msg["sid"] != self.sid:
+            fatal(f"distributed: rank {self.channel.rank} has engine {self.sid}, but rank 0 sent the round costs of"
+                  f" engine {msg['sid']}; this is a bug: please report it")
+        self.scalar.costs = protocol.costs_of(msg)
+
     @property
     def position(self) -> tuple[int, int, int]:
         return (self.sid, self.steps, self.checksum)

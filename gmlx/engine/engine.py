@@ -57,8 +57,7 @@ class Engine:
         # An explicit K is a request to speculate: lone requests then never fall back to plain.
         self.scalar = ScalarLane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
                                  may_go_plain=self.config.num_draft_tokens is None)
-        if self.speculative and self.scalar.may_go_plain:
-            self.scalar.round_costs()  # measured now (once per model and drafter), not in a first request's TTFT
+        self._measure_round_costs()
         self.batch = BatchLoop(self.lm.target, drafter)
         self.mode = Mode.IDLE
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
@@ -126,6 +125,12 @@ class Engine:
             notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
         trace.end_round()
         return events or []
+
+    def _measure_round_costs(self) -> None:
+        """Now (once per model and drafter), not in a first request's TTFT. A replica measures
+        with its peers instead, once they all have the engine (gmlx/distributed)."""
+        if self.speculative and self.scalar.may_go_plain:
+            self.scalar.round_costs()
 
     def _refresh_caps(self) -> caps.CapDecision:
         """This round's cap decision. A replica follows its leader's instead (gmlx/distributed)."""
