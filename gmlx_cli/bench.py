@@ -9,26 +9,24 @@ same engine without speculation, mlx-lm's BatchGenerator and stream_generate. Ar
 from __future__ import annotations
 
 import itertools
-import json
 import secrets
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import typer
 
 from gmlx import blas
 from gmlx.config import EngineConfig, Switches
 from gmlx.engine import Engine
-from gmlx.errors import GmlxError, InvalidRequest
+from gmlx.errors import InvalidRequest
 from gmlx.drafters.select import can_draft
 from gmlx.engine.intake import make_row, tokenize
 from gmlx_cli import dist, ui
 from gmlx_cli import generate as _gen
-from gmlx_cli import ideal
+from gmlx_cli.bench_report import VerificationFailed, report  # noqa: F401 - VerificationFailed: re-exported
 from gmlx_cli.baselines import MlxBatchBackend, MlxStreamBackend
 from gmlx_cli.fit import fit_requests
-from gmlx_cli.live import LiveView, print_table
+from gmlx_cli.live import LiveView
 from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, BenchApiKeyOpt, ConcurrencyOpt, DebugOpt, DistributedOpt,
                               DrafterOpt, DraftModelOpt, IgnoreEosOpt, JoinAfterOpt, LabelOpt, LongTokensOpt,
                               MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt, PromptsFileOpt, RateOpt, RepeatsOpt,
@@ -41,9 +39,6 @@ from gmlx_cli.workload import (Arrival, Backend, EngineBackend, build_requests, 
 AB_VALUES = ("preempt", "resume", "both")
 BASELINES = ("plain", "mlx-lm")
 
-
-class VerificationFailed(GmlxError):
-    """A stream differed from its solo plain run beyond a floating-point near-tie."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +144,22 @@ def verify_runs(lm, runs) -> tuple[int, int, list[str]]:
     return checked, ties, bad
 
 
+def check_run_options(ab: str | None, baseline: list[str] | None, repeats: int, requests: int, distributed: bool,
+                      verify: bool) -> list[str]:
+    """The run options' one-line errors, before any model loads; returns the baselines."""
+    if ab is not None and ab not in AB_VALUES:
+        raise InvalidRequest(f"--ab must be one of {', '.join(AB_VALUES)}; got {ab!r}")
+    baselines = parse_choices(baseline or [], BASELINES, "--baseline")
+    if repeats < 1:
+        raise InvalidRequest(f"--repeats must be >= 1, got {repeats}")
+    if requests < 1:
+        raise InvalidRequest(f"--requests must be >= 1, got {requests}")
+    if distributed and ("mlx-lm" in baselines or verify):
+        raise InvalidRequest("--baseline mlx-lm and --verify run the model outside the engine, on rank 0 alone;"
+                             " with --distributed use --baseline plain (tests/test_distributed.py checks the streams)")
+    return baselines
+
+
 def bench(
     concurrency: ConcurrencyOpt = "1,2,4,8",
     requests: RequestsOpt = 16,
@@ -183,8 +194,6 @@ def bench(
 ) -> None:
     """Benchmark simulated concurrent requests: live view, per-cell summary, CSV/JSON/PNG in --out."""
     options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()}  # recorded with the results
-    from gmlx_cli import results  # pandas: only when a command needs it
-
     # Every check that needs no model comes first: a typo must not cost a load.
     from gmlx_cli import bench_url as _url
 
@@ -196,16 +205,7 @@ def bench(
     concs = parse_int_list(concurrency, "--concurrency")
     budget = parse_token_range(max_tokens)
     arr = Arrival(arrival, stagger, rate, join_after, long_tokens).validated()
-    if ab is not None and ab not in AB_VALUES:
-        raise InvalidRequest(f"--ab must be one of {', '.join(AB_VALUES)}; got {ab!r}")
-    baselines = parse_choices(baseline or [], BASELINES, "--baseline")
-    if repeats < 1:
-        raise InvalidRequest(f"--repeats must be >= 1, got {repeats}")
-    if requests < 1:
-        raise InvalidRequest(f"--requests must be >= 1, got {requests}")
-    if distributed and ("mlx-lm" in baselines or verify):
-        raise InvalidRequest("--baseline mlx-lm and --verify run the model outside the engine, on rank 0 alone;"
-                             " with --distributed use --baseline plain (tests/test_distributed.py checks the streams)")
+    baselines = check_run_options(ab, baseline, repeats, requests, distributed, verify)
     seed_drawn = seed is None
     seed = secrets.randbits(31) if seed is None else seed
     specs = load_prompt_specs(prompts)
@@ -247,42 +247,9 @@ def bench(
             verdict = verify_runs(lm, runs)
     except KeyboardInterrupt:
         interrupted = True
-    req_df = results.requests_frame(runs)
-    cell_df = results.cells_frame(runs, req_df, repeats)
-    if not interrupted:
-        ideal.annotate_cells(cell_df, lm, config)
-    meta = results.metadata(
-        command="bench", model=lm.name, model_path=str(lm.path), seed=seed, seed_drawn=seed_drawn,
-        interrupted=interrupted, options=options,
-        config={"num_draft_tokens": num_draft_tokens, "default_k": lm.default_k,
-                "speculative_width_cap": speculative_width_cap, "arms": [a.__dict__ for a in arms],
-                "distributed": cluster.stats if cluster else None})
-    payload = {"meta": meta, "cells": results.records(cell_df),
-               "requests": results.records(req_df),
-               "transitions": results.transitions_by_arm(runs)}
-    if verdict is not None:
-        payload["verify"] = {"checked": verdict[0], "near_ties": verdict[1], "mismatches": verdict[2]}
-    # The summary first: should writing the files fail, what was measured is still on screen.
-    tables = results.summary_tables(cell_df)
-    for i, table in enumerate(tables):
-        print_table(*table, human, notes=results.summary_notes(cell_df, req_df) if i == len(tables) - 1 else ())
-    paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
-    if len(cell_df):
-        paths["png"] = results.plot_bench(cell_df, paths["json"].with_suffix(".png"))
-    print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
-    if json_output:
-        sys.stdout.write(json.dumps(payload) + "\n")
-        sys.stdout.flush()
-    if interrupted:
-        # typer turns a KeyboardInterrupt into a silent exit 130; say what was kept.
-        ui.error(f"interrupted; partial results written to {paths['json']}")
-        raise typer.Exit(130)
-    if verdict is not None:
-        for line in verdict[2]:
-            print(f"mismatch: {line}", file=sys.stderr)
-        print(f"verify: {verdict[0]} streams checked, {len(verdict[2])} mismatches, {verdict[1]} near-ties",
-              file=human, flush=True)
-        if verdict[2]:
-            raise VerificationFailed(f"{len(verdict[2])} of {verdict[0]} streams differ from a solo plain run"
-                                     " (listed above)")
+    report(lm, runs, arms, config, out, human, json_output, interrupted, verdict, options=options, seed=seed,
+           seed_drawn=seed_drawn, repeats=repeats, meta_config={
+               "num_draft_tokens": num_draft_tokens, "default_k": lm.default_k,
+               "speculative_width_cap": speculative_width_cap, "arms": [a.__dict__ for a in arms],
+               "distributed": cluster.stats if cluster else None})
 

@@ -121,7 +121,7 @@ def eos_notice(runs: list[Run]) -> str | None:
 def bench_url(url: str, api_key: str | None, served_model: str | None, label: str | None, *, requests: list[Request],
               concurrencies: list[int], repeats: int, warmup: bool, ignore_eos: bool, out: Path, json_output: bool,
               options: dict, seed: int, seed_drawn: bool) -> None:
-    from gmlx_cli import results  # pandas: only when a command needs it
+    from gmlx_cli import plots, results  # pandas, matplotlib: only when a command needs them
 
     http = _client()
     target = http.probe(url, api_key, served_model)
@@ -158,7 +158,7 @@ def bench_url(url: str, api_key: str | None, served_model: str | None, label: st
     print_table(*tables[0], human, notes=notes)
     paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
     if len(cell_df):
-        paths["png"] = results.plot_bench(cell_df, paths["json"].with_suffix(".png"))
+        paths["png"] = plots.plot_bench(cell_df, paths["json"].with_suffix(".png"))
     print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
     if json_output:
         sys.stdout.write(json.dumps(payload) + "\n")

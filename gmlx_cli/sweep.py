@@ -125,6 +125,49 @@ def at_cap(width: int, cap: int | str, k_by_width: dict[int, int] | None = None)
     return "spec" if cap != caps.OFF and width <= cap else "plain"
 
 
+def measure_all(lm, ids, ws: list[int], arms: list, config, max_tokens: int, seed: int, repeats: int, warmup: bool,
+                rows: list[dict], human) -> bool:
+    """Every (repeat, width, arm), the arms' order alternating; appends to `rows` as it goes (an
+    interrupt keeps what was measured). Returns whether it was interrupted."""
+    try:
+        if warmup:
+            for _, k in arms:
+                measure(lm, ids, min(ws), min(8, max_tokens), config(k), seed)
+        for rep in range(repeats):
+            for i, w in enumerate(ws):
+                for arm, k in arms if (rep + i) % 2 == 0 else arms[::-1]:
+                    m = measure(lm, ids, w, max_tokens, config(k), seed)
+                    rows.append({"width": w, "arm": arm, "k": k, "repeat": rep, **m})
+                    print(f"width {w:>3} rep {rep} {arm:5} {'' if k is None else f'K={k}':4} "
+                          f"{m['tokens_per_s']:8.1f} tok/s", file=human, flush=True)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def recommend_and_store(summary: list[dict], ks: list[int], margin: float, cap, payload: dict, human, write: bool,
+                        mkey: str, machine: str) -> None:
+    """The table, the recommended cap and K per width (width 1: the lone request's K, or 0 =
+    plain), written to the user config with --write."""
+    from gmlx_cli import results
+
+    payload["recommendation"] = explain(summary, margin, cap)
+    k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and 2 <= r["width"] <= cap}
+    k_by_width.update(lone_request_k(summary, margin))
+    payload["num_draft_tokens_by_width"] = k_by_width
+    print_table("speculative vs plain, aggregate tokens/s (steady state, medians)",
+                *results.sweep_table(summary, ks, margin, [at_cap(r["width"], cap, k_by_width) for r in summary]),
+                human)
+    print(f"recommended speculative_width_cap: {cap} ({payload['recommendation']})", file=human, flush=True)
+    if 1 in k_by_width:
+        print(f"a lone request: {'K = %d' % k_by_width[1] if k_by_width[1] else 'plain (speculation lost at width 1)'}",
+              file=human, flush=True)
+    if write:
+        path = caps.write_cap(mkey, cap, k_by_width=k_by_width or None, machine=machine)
+        payload["written"] = str(path)
+        print(f"wrote speculative_width_cap = {cap} for {mkey} on {machine} to {path}", file=human, flush=True)
+
+
 def sweep_cap(
     model: ModelOpt = None,
     draft_model: DraftModelOpt = None,
@@ -149,7 +192,7 @@ def sweep_cap(
 ) -> None:
     """Measure speculative vs plain throughput per batch width and recommend speculative_width_cap."""
     options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()}
-    from gmlx_cli import results  # pandas: only when a command needs it
+    from gmlx_cli import plots, results  # pandas, matplotlib: only when a command needs them
 
     ws = sorted(parse_int_list(widths, "--widths"))
     ks_given = parse_int_list(num_draft_tokens, "--num-draft-tokens") if num_draft_tokens is not None else None
@@ -181,20 +224,7 @@ def sweep_cap(
                             drafter=drafter, draft_model=draft)
 
     rows: list[dict] = []
-    interrupted = False
-    try:
-        if warmup:
-            for _, k in arms:
-                measure(lm, ids, min(ws), min(8, max_tokens), config(k), seed)
-        for rep in range(repeats):
-            for i, w in enumerate(ws):
-                for arm, k in arms if (rep + i) % 2 == 0 else arms[::-1]:
-                    m = measure(lm, ids, w, max_tokens, config(k), seed)
-                    rows.append({"width": w, "arm": arm, "k": k, "repeat": rep, **m})
-                    print(f"width {w:>3} rep {rep} {arm:5} {'' if k is None else f'K={k}':4} "
-                          f"{m['tokens_per_s']:8.1f} tok/s", file=human, flush=True)
-    except KeyboardInterrupt:
-        interrupted = True
+    interrupted = measure_all(lm, ids, ws, arms, config, max_tokens, seed, repeats, warmup, rows, human)
     df = results.sweep_frame(rows)
     summary = results.sweep_summary(df, ws, ks)
     cap = recommend(summary, margin) if summary and not interrupted else None
@@ -207,27 +237,13 @@ def sweep_cap(
                "per_width": [{**r, "spec": {str(k): v for k, v in r["spec"].items()}} for r in summary],
                "measurements": results.records(df), "recommended_cap": cap, "written": None, "validate": None}
     if cap is not None:
-        payload["recommendation"] = explain(summary, margin, cap)
-        k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and 2 <= r["width"] <= cap}
-        k_by_width.update(lone_request_k(summary, margin))
-        payload["num_draft_tokens_by_width"] = k_by_width
-        print_table("speculative vs plain, aggregate tokens/s (steady state, medians)",
-                    *results.sweep_table(summary, ks, margin,
-                                         [at_cap(r["width"], cap, k_by_width) for r in summary]), human)
-        print(f"recommended speculative_width_cap: {cap} ({payload['recommendation']})", file=human, flush=True)
-        if 1 in k_by_width:
-            print(f"a lone request: {'K = %d' % k_by_width[1] if k_by_width[1] else 'plain (speculation lost at width 1)'}",
-                  file=human, flush=True)
-        if write:
-            path = caps.write_cap(mkey, cap, k_by_width=k_by_width or None, machine=machine)
-            payload["written"] = str(path)
-            print(f"wrote speculative_width_cap = {cap} for {mkey} on {machine} to {path}", file=human, flush=True)
+        recommend_and_store(summary, ks, margin, cap, payload, human, write, mkey, machine)
         if validate:
             interrupted = _validate(lm, cap, bool(payload["written"]), specs, max_tokens, seed, repeats, payload,
                                     human, drafter, draft)
     paths = results.write_tables(out, "sweep", payload, {"measurements": df})
     if summary:
-        paths["png"] = results.plot_sweep(summary, cap, margin, paths["json"].with_suffix(".png"),
+        paths["png"] = plots.plot_sweep(summary, cap, margin, paths["json"].with_suffix(".png"),
                                           payload.get("recommendation"))
     print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
     if json_output:

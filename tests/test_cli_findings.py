@@ -26,7 +26,7 @@ from gmlx.config import SamplingParams
 from gmlx.engine.metrics import EventKind
 from gmlx_cli import app as app_mod
 from gmlx_cli import generate as gen_mod
-from gmlx_cli import results, sweep
+from gmlx_cli import plots, results, sweep
 from gmlx_cli.bench import Arm, Run
 from gmlx_cli.live import LiveView, print_table, rich_table
 from gmlx_cli.workload import Outcome, Request
@@ -54,8 +54,8 @@ def test_sweep_off_names_the_width_that_lost(tmp_path, monkeypatch):
     # The user's case: width 2 loses, width 4 wins; a cap cannot skip width 2, so "off".
     monkeypatch.setattr(sweep, "measure", scripted({1: {3: 0.84}, 2: {3: 0.44}, 4: {3: 1.17}}))
     seen = {}
-    real_plot = results.plot_sweep
-    monkeypatch.setattr(results, "plot_sweep", lambda *a: seen.setdefault("args", a) and real_plot(*a))
+    real_plot = plots.plot_sweep
+    monkeypatch.setattr(plots, "plot_sweep", lambda *a: seen.setdefault("args", a) and real_plot(*a))
     r = run("sweep-cap", "--widths", "1,2,4", "--num-draft-tokens", "3", "--repeats", "1", "--no-warmup", "--json",
             "--out", str(tmp_path))
     assert r.code == 0, r.stderr
