@@ -24,7 +24,7 @@ def report(lm, runs: list, arms: list, config: EngineConfig, out: Path, human, j
            interrupted: bool, verdict: tuple | None, *, options: dict, seed: int, seed_drawn: bool, repeats: int,
            meta_config: dict) -> None:
     """The summary tables on screen, then the files; exit 130 when interrupted, 1 on a mismatch."""
-    from gmlx_cli import plots, results  # pandas, matplotlib: only when a command needs them
+    from gmlx_cli import results  # pandas: only when a command needs it
 
     req_df = results.requests_frame(runs)
     cell_df = results.cells_frame(runs, req_df, repeats)
@@ -41,6 +41,22 @@ def report(lm, runs: list, arms: list, config: EngineConfig, out: Path, human, j
     tables = results.summary_tables(cell_df)
     for i, table in enumerate(tables):
         print_table(*table, human, notes=results.summary_notes(cell_df, req_df) if i == len(tables) - 1 else ())
+    write_files(out, payload, req_df, cell_df, human, json_output, interrupted)
+    if verdict is not None:
+        for line in verdict[2]:
+            print(f"mismatch: {line}", file=sys.stderr)
+        print(f"verify: {verdict[0]} streams checked, {len(verdict[2])} mismatches, {verdict[1]} near-ties",
+              file=human, flush=True)
+        if verdict[2]:
+            raise VerificationFailed(f"{len(verdict[2])} of {verdict[0]} streams differ from a solo plain run"
+                                     " (listed above)")
+
+
+def write_files(out: Path, payload: dict, req_df, cell_df, human, json_output: bool, interrupted: bool) -> dict:
+    """bench-<stamp>.json / -requests.csv / -cells.csv / .png in `out`, their paths said; with
+    --json the payload on stdout; exit 130 when interrupted (the partial results are kept)."""
+    from gmlx_cli import plots, results
+
     paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
     if len(cell_df):
         paths["png"] = plots.plot_bench(cell_df, paths["json"].with_suffix(".png"))
@@ -52,12 +68,4 @@ def report(lm, runs: list, arms: list, config: EngineConfig, out: Path, human, j
         # typer turns a KeyboardInterrupt into a silent exit 130; say what was kept.
         ui.error(f"interrupted; partial results written to {paths['json']}")
         raise typer.Exit(130)
-    if verdict is not None:
-        for line in verdict[2]:
-            print(f"mismatch: {line}", file=sys.stderr)
-        print(f"verify: {verdict[0]} streams checked, {len(verdict[2])} mismatches, {verdict[1]} near-ties",
-              file=human, flush=True)
-        if verdict[2]:
-            raise VerificationFailed(f"{len(verdict[2])} of {verdict[0]} streams differ from a solo plain run"
-                                     " (listed above)")
-
+    return paths

@@ -10,15 +10,12 @@ the order alternating (ABBA), so drift on a shared machine hits them alike.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-import typer
 
 from gmlx.errors import GmlxError, InvalidRequest
-from gmlx_cli import ui
 from gmlx_cli.bench import Arm, Run
 from gmlx_cli.live import LiveView, print_table
 from gmlx_cli.workload import Request
@@ -121,7 +118,8 @@ def eos_notice(runs: list[Run]) -> str | None:
 def bench_url(url: str, api_key: str | None, served_model: str | None, label: str | None, *, requests: list[Request],
               concurrencies: list[int], repeats: int, warmup: bool, ignore_eos: bool, out: Path, json_output: bool,
               options: dict, seed: int, seed_drawn: bool) -> None:
-    from gmlx_cli import plots, results  # pandas, matplotlib: only when a command needs them
+    from gmlx_cli import results  # pandas: only when a command needs it
+    from gmlx_cli.bench_report import write_files
 
     http = _client()
     target = http.probe(url, api_key, served_model)
@@ -156,16 +154,7 @@ def bench_url(url: str, api_key: str | None, served_model: str | None, label: st
     if ignore_eos and (line := eos_notice(runs)):
         notes.append(line)
     print_table(*tables[0], human, notes=notes)
-    paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
-    if len(cell_df):
-        paths["png"] = plots.plot_bench(cell_df, paths["json"].with_suffix(".png"))
-    print("results: " + ", ".join(str(p) for p in paths.values()), file=human, flush=True)
-    if json_output:
-        sys.stdout.write(json.dumps(payload) + "\n")
-        sys.stdout.flush()
-    if interrupted:
-        ui.error(f"interrupted; partial results written to {paths['json']}")
-        raise typer.Exit(130)
+    paths = write_files(out, payload, req_df, cell_df, human, json_output, interrupted)
     if errors:
         total = sum(len(r.outcomes) for r in runs)
         raise http.ServerError(f"{len(errors)} of {total} requests failed (first: request {errors[0]['request_id']}:"
