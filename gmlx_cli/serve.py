@@ -11,10 +11,10 @@ from gmlx import blas
 from gmlx.config import EngineConfig
 from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
+from gmlx_cli import dist, ui
 from gmlx_cli import generate as _gen
-from gmlx_cli import ui
-from gmlx_cli.options import (DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt, NumDraftOpt, SpeculativeOpt,
-                              WidthCapOpt)
+from gmlx_cli.options import (DebugOpt, DistributedOpt, DrafterOpt, DraftModelOpt, ModelOpt, NumDraftOpt,
+                              SpeculativeOpt, WidthCapOpt)
 
 _SERVER = "Server"
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0:"
@@ -51,6 +51,7 @@ def serve(
     speculative: SpeculativeOpt = None,
     speculative_width_cap: WidthCapOpt = None,
     log_level: LogLevelOpt = "info",
+    distributed: DistributedOpt = False,
     debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models,
@@ -70,12 +71,14 @@ def serve(
                           draft_model=str(draft_model) if draft_model else None, width_cap=speculative_width_cap,
                           max_queued=max_queued).validated()
     blas.warn_if_reference()
-    sock = bind(host, port)  # a taken port is an error before the (slow) model load
+    cluster = dist.join(distributed)  # --distributed: rank 0 serves, the other ranks follow its engine
+    leader = cluster is None or cluster.leader
+    sock = bind(host, port) if leader else None  # a taken port is an error before the (slow) model load
     engine = None
     try:
-        lm = _gen._load_model(model)
+        lm = dist.load(cluster, model, _gen._load_model)  # the other ranks follow rank 0 in here until it ends
         logging.getLogger("transformers").setLevel(logging.ERROR)  # the engine checks prompt lengths itself
-        engine = Engine(lm, config)
+        engine = cluster.engine(lm, config) if cluster else Engine(lm, config)
         for line in engine.notices:
             ui.notice(line)
         app = create_app(engine, model_name=served_model_name, api_key=api_key)
@@ -84,6 +87,7 @@ def serve(
         ui.notice(f"serving {app.state.api.model_name} ({mode}) on {where}" + (" (API key required)" if api_key else ""))
         Server(app, log_level=log_level).serve_socket(sock)
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
         if engine is not None:
             engine.close()

@@ -16,6 +16,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # lone request speculates; tests use the built-in estimates so their schedules do not depend on
 # the machine's load. tests/test_costs.py tests the measurement and the decisions themselves.
 os.environ.setdefault("GMLX_ROUND_COSTS", "prior")
+# Likewise a quantized target's one-token steps stay on the quantized kernels unless a test asks
+# (gmlx/models/dequantized.py measures which path is faster at load; tests/test_quantized.py).
+os.environ.setdefault("GMLX_DEQUANTIZED_DECODE", "0")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -31,6 +31,9 @@ import pytest
 from gmlx.config import SamplingParams
 from gmlx.errors import LaunchError
 
+# One worker runs the whole module (pytest-xdist): its multi-process runs start once, together.
+pytestmark = pytest.mark.xdist_group("distributed")
+
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 WAIT_S = 150  # a hard bound per run on a loaded 2-core machine; a healthy run takes a fraction
@@ -108,7 +111,10 @@ def runs(tmp_path_factory):
         env={k: v for k, v in _env(GMLX_DIST_TIMEOUT="60").items() if k != "GMLX_ROUND_COSTS"})
     # As a user runs it: the ranks measure the round costs together (their forwards all_sum) and
     # decide with rank 0's figures (the schedule above keeps the suite's fixed estimates).
-    yield {"tmp": tmp, "schedule": schedule, "launcher": launcher}
+    serve = Pair(tmp / "serve", ports[2:4], [PY, "-m", "gmlx_cli.app", "serve", "--port", str(ports[4]),
+                                             "--log-level", "warning", "--distributed"], GMLX_DIST_TIMEOUT="60")
+    yield {"tmp": tmp, "schedule": schedule, "launcher": launcher, "serve": (serve, ports[4])}
+    serve.kill()
     schedule.kill()
     if launcher.poll() is None:
         launcher.kill()
@@ -193,6 +199,47 @@ def test_cli_generate_under_mlx_launch_prints_rank_0s_result(runs, loaded_lm, mo
     cmp = compare_streams(loaded_lm, alone["prompt_tokens"], alone["tokens"], dist["tokens"],
                           SamplingParams(temperature=0.8, seed=3, max_tokens=16))
     assert cmp.ok, f"differs at token {cmp.position} (margin {cmp.margin})"
+
+
+def test_serve_on_two_ranks_answers_as_one_process_and_stops_cleanly(runs, loaded_lm):
+    """`gmlx serve --distributed`: rank 0 serves HTTP, rank 1 follows its engine; a seeded
+    completion and a greedy stream equal their solo plain decode; SIGTERM to rank 0 ends both, 0."""
+    import httpx
+    from openai import OpenAI
+
+    from gmlx import Engine, EngineConfig
+    from gmlx.engine.intake import tokenize
+    from gmlx.testing import compare_streams
+
+    pair, port = runs["serve"]
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + WAIT_S
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or any(p.poll() is not None for p in pair.procs):
+            pair.kill()
+            raise AssertionError(f"the server never answered: {pair.procs[0].stderr.read()[-3000:]}")
+        time.sleep(0.2)
+    client = OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=WAIT_S)
+    ids = tokenize(loaded_lm, PROMPT)
+    solo = Engine(loaded_lm, EngineConfig(speculative=False))
+    for params, stream in ((SamplingParams(max_tokens=16, temperature=0.8, seed=3), False),
+                           (SamplingParams(max_tokens=12, temperature=0.0, seed=0), True)):
+        r = client.completions.create(model="gmlx-default", prompt=PROMPT, max_tokens=params.max_tokens,
+                                      temperature=params.temperature, seed=params.seed, stream=stream,
+                                      extra_body={"return_token_ids": True})
+        chunks = list(r) if stream else [r]
+        got = [t for c in chunks for t in (c.choices[0].model_extra or {}).get("token_ids") or []]
+        ref = solo.generate(ids, params).tokens
+        cmp = compare_streams(loaded_lm, ids, ref, got, params)
+        assert got and cmp.ok, f"stream={stream}: differs at token {cmp.position} (margin {cmp.margin})"
+    solo.close()
+    pair.procs[0].send_signal(signal.SIGTERM)
+    assert pair.wait(0, timeout=60)[0] == 0
+    assert pair.wait(1, timeout=60)[0] == 0  # rank 0 sent it the exit
 
 
 def test_a_killed_rank_ends_the_other_with_one_line(runs):

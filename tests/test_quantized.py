@@ -82,3 +82,25 @@ def test_schedule_equals_solo(q4, prompts):
     tr = run.transitions()
     assert "preempt" in tr and "gate" in tr and "resume" in tr, tr
     eng.close()
+
+
+def test_one_token_steps_take_the_faster_path_and_the_stream_holds(q4, prompts, monkeypatch):
+    """Where the twin decodes one token faster (measured at load; GMLX_DEQUANTIZED_DECODE forces
+    it), plain steps run the twin: the same stream as the quantized steps give, tie-aware."""
+    streams = {}
+    for forced in ("1", "0"):
+        monkeypatch.setenv("GMLX_DEQUANTIZED_DECODE", forced)
+        lm = load(q4.path)
+        t = lm.target
+        assert t.decode_on_twin is (forced == "1") and (t.decode_model is t.model) is (forced == "0")
+        x = mx.array([prompts[2][:5]], dtype=mx.int32)
+        assert mx.array_equal(t.logits(x, None), t.decode_model(x)).item()  # sync: test check
+        params = P(40, seed=5, t=0.8)
+        streams[forced] = run_scalar(lm, prompts[2], params, speculative=False).tokens
+    same_stream(q4, prompts[2], streams["0"], streams["1"], P(40, seed=5, t=0.8))
+
+
+def test_the_measured_choice_is_consistent(q4, monkeypatch):
+    monkeypatch.delenv("GMLX_DEQUANTIZED_DECODE")
+    t = load(q4.path).target
+    assert t.wide is not None and (t.decode_model is not t.model) is t.decode_on_twin

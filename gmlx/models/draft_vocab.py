@@ -15,7 +15,6 @@ head's weights, float16 is fine: they are cast to float32 at load, and `draft_vo
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from gmlx.models.heads import POST_NORM
 from gmlx.models.mtp import BoundMTPHead, MTPConfig, MTPHead
