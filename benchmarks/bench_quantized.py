@@ -4,7 +4,9 @@ The model is converted here (`mlx_lm.convert -q`, its MTP head files copied besi
 then one request at a time, greedy, EOS ignored, fixed length, timed as its consumer sees tokens
 (first token to last). Arms, interleaved in one run (medians of per-repeat ratios to plain):
 
-  plain          Engine(speculative=False): one quantized decode step per token
+  plain          Engine(speculative=False): one decode step per token, on the path the target
+                 measured faster at load (quantized kernels or the dequantized twin)
+  plain_q        the same with GMLX_DEQUANTIZED_DECODE=0: quantized one-token steps (mlx-lm's kernels)
   auto           Engine(): the engine's own choice for a lone request (cost model on the measured
                  round costs: speculate, or decode plain when speculation cannot pay)
   spec_twin      Engine(num_draft_tokens=K): always speculate; verify through the dequantized twin
@@ -53,17 +55,20 @@ def one_request(eng: Engine, prompt: list[int], n: int) -> tuple[float, int, int
     return consumer_rate(times), s["num_drafted"], s["num_accepted"]
 
 
-def load_without_twin(path: Path):
-    os.environ["GMLX_DEQUANTIZED_VERIFY"] = "0"
+def load_with(path: Path, var: str, value: str):
+    os.environ[var] = value
     try:
         return load(path)
     finally:
-        del os.environ["GMLX_DEQUANTIZED_VERIFY"]
+        del os.environ[var]
 
 
 def bench_bits(path: Path, prompts: list[list[int]], n: int, repeats: int, k: int) -> dict:
-    lm, lm_no_twin = load(path), load_without_twin(path)
-    engines = {"plain": Engine(lm, EngineConfig(speculative=False)), "auto": Engine(lm, EngineConfig()),
+    lm = load(path)
+    lm_q_steps = load_with(path, "GMLX_DEQUANTIZED_DECODE", "0")
+    lm_no_twin = load_with(path, "GMLX_DEQUANTIZED_VERIFY", "0")
+    engines = {"plain": Engine(lm, EngineConfig(speculative=False)),
+               "plain_q": Engine(lm_q_steps, EngineConfig(speculative=False)), "auto": Engine(lm, EngineConfig()),
                "spec_twin": Engine(lm, EngineConfig(num_draft_tokens=k)),
                "spec_no_twin": Engine(lm_no_twin, EngineConfig(num_draft_tokens=k))}
     arms = {name: (lambda p, e=e: one_request(e, p, n)) for name, e in engines.items()}
@@ -83,7 +88,8 @@ def bench_bits(path: Path, prompts: list[list[int]], n: int, repeats: int, k: in
                         for a, v in reps.items()},
            "acceptance": {a: (sum(r["accepted"] for r in v) / d if (d := sum(r["drafted"] for r in v)) else None)
                           for a, v in reps.items()},
-           "auto_round_costs": repr(lone.round_costs()), "k": k, "reps": reps}
+           "auto_round_costs": repr(lone.round_costs()), "k": k, "decode_on_twin": lm.target.decode_on_twin,
+           "reps": reps}
     for e in engines.values():
         e.close()
     return out
