@@ -7,6 +7,7 @@ import itertools
 from collections import deque
 
 from gmlx.engine.metrics import Event, EventKind
+from gmlx.policy.admission import Mode, Round
 from gmlx_cli.workload import Backend
 
 
@@ -42,8 +43,8 @@ class _MlxLmBackend(Backend):
             rows.append((rid, 0, 0, int(keep)))
             if reason is not None:
                 self.live[rid][1] = reason
-                fin.append(Event(EventKind.FINISH, "mlx-lm", len(got), rid=rid))
-        return [Event(EventKind.ROUND, "mlx-lm", len(got), rows=tuple(rows))] + fin
+                fin.append(Event(EventKind.FINISH, Mode.GATED, len(got), rid=rid))
+        return [Event(EventKind.ROUND, Mode.GATED, len(got), rows=tuple(rows), round=Round.PLAIN)] + fin  # plain decode
 
 
 class MlxBatchBackend(_MlxLmBackend):

@@ -110,6 +110,18 @@ def test_bench_verify_plain_baseline_and_plain_lines(tmp_path):
     assert "\x1b[" not in r.stdout
 
 
+def test_bench_mlx_lm_baselines_run_beside_gmlx(tmp_path):
+    """Both mlx-lm arms (stream_generate and BatchGenerator) run through the live view and
+    land in the cells; their tokens are counted like gmlx's."""
+    r = run("bench", "--concurrency", "1,2", "--requests", "2", "--max-tokens", "6", "--ignore-eos", "--seed", "0",
+            "--baseline", "mlx-lm", "--no-warmup", "--json", "--out", str(tmp_path))
+    assert r.code == 0, r.stderr
+    cells = json.loads(r.stdout)["cells"]
+    assert {(c["arm"], c["concurrency"]) for c in cells} == {
+        (arm, c) for arm in ("gmlx", "mlx-lm-stream", "mlx-lm-batch") for c in (1, 2)}
+    assert all(c["tokens"] == 12 for c in cells), cells
+
+
 def test_bench_verify_reports_a_mismatch(tmp_path, monkeypatch):
     import gmlx.testing
 
