@@ -63,3 +63,22 @@ def test_streams_equal_plain_and_drafts_are_accepted(smollm2, dtype, n_prompts):
     plain.close()
     spec.close()
     assert drafted > 0 and accepted / drafted > 0.2, (dtype, accepted, drafted)
+
+
+def test_schedule_through_every_transition_equals_solo(smollm2):
+    """The real model with its shipped head through scalar -> preempt -> batch -> gate (a third
+    row over cap 2) -> resume -> capture, greedy and seeded: every stream equals its solo plain
+    decode (tie-aware)."""
+    from engine_helpers import P, check_solo, drive, engine
+
+    lm = smollm2.load("float32")
+    tok = lm.tokenizer
+    code = tok.encode("def fibonacci(n):\n")
+    chat = list(tok.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True))
+    eng = engine(lm, 2, resume_min_remaining=2, num_draft_tokens=3)
+    run = drive(eng, {0: [("a", code, P(18, seed=1))], 3: [("b", chat, P(6, seed=2, t=0.8))],
+                      5: [("c", code[:4], P(5, seed=3))]})
+    check_solo(lm, run)
+    tr = run.transitions()
+    assert {"preempt", "gate", "resume"} <= set(tr), tr
+    eng.close()
