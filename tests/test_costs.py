@@ -53,6 +53,24 @@ def test_a_lone_request_decodes_plain_where_no_k_pays(lm, prompts):
     assert row.stats.num_drafted > 0
 
 
+def test_a_measurement_that_says_plain_is_taken_again_before_a_lone_request_gives_up(lm, monkeypatch):
+    """One probe inflated by another process's load must not switch speculation off: a second
+    measurement is taken; the cheaper of the two stands (and stays), and only two that agree make
+    a lone request plain."""
+    dear = Costs(DEAR.verify, DEAR.draft, "measured (test)")
+    cheap = Costs(CHEAP.verify, CHEAP.draft, "measured (test)")
+    for second, want in ((cheap, 3), (dear, 0)):
+        ln = ScalarLane(lm.target, select_drafter(lm), 3)
+        calls = []
+        monkeypatch.setattr(probe, "_measured", type(probe._measured)())
+        monkeypatch.setattr(probe, "measure", lambda *a, s=second: calls.append(a) or (dear if len(calls) == 1 else s))
+        monkeypatch.delenv("GMLX_ROUND_COSTS", raising=False)
+        assert ln.decide() == want and len(calls) == 2
+        assert ln.decide() == want and len(calls) == 2  # measured twice per process, never more
+    ln = lane(lm, DEAR)  # figures someone set (a calibration, a test) are not measured again
+    assert ln.decide() == 0 and ln.costs is DEAR
+
+
 def test_it_stops_drafting_once_rounds_show_it_loses(lm, prompts):
     """Costs where the prior acceptance just pays; a drafter that is always wrong: after
     MIN_ROUNDS_TO_STOP rounds the request continues plain, with the same tokens."""

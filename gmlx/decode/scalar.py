@@ -30,7 +30,7 @@ from gmlx.engine import trace
 from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, lift_caches
 from gmlx.models.adapter import Target
-from gmlx.decode.probe import round_costs
+from gmlx.decode.probe import reconfirmed, round_costs
 from gmlx.policy.adaptive import AcceptanceEstimate
 from gmlx.policy.costs import Costs
 from gmlx.sampling import RowSampling, sample
@@ -96,7 +96,11 @@ class ScalarLane:
             return 0
         if not self.may_go_plain:
             return max_k
-        return max_k if AcceptanceEstimate().best_k(max_k, self.round_costs()) > 0 else 0
+        if AcceptanceEstimate().best_k(max_k, self.round_costs()) > 0:
+            return max_k
+        if self.costs.source.startswith("measured"):  # not figures someone set: measure once more
+            self.costs = reconfirmed(self.target, self.drafter, max(self.k, 1))
+        return max_k if AcceptanceEstimate().best_k(max_k, self.costs) > 0 else 0
 
     def start(self, row: Row, pre: Prefilled | None = None, max_k: int | None = None) -> None:
         """Take a prefilled request (prefilling it here when not given) and decode it with up to
