@@ -196,7 +196,7 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
     return EngineMachine
 
 
-SETTINGS = settings(max_examples=8, stateful_step_count=25, deadline=None)
+SETTINGS = settings(max_examples=6, stateful_step_count=25, deadline=None)
 SLOW = settings(max_examples=int(os.environ.get("GMLX_SM_EXAMPLES", "60")), stateful_step_count=50, deadline=None)
 
 

@@ -117,12 +117,14 @@ def test_a_body_that_is_not_a_json_object_is_400(srv, queued, name, raw):
 
 
 def test_other_errors_are_error_objects(srv, queued):
+    before = srv.metric("gmlx:http_rejected_total", status="400")  # the module's other tests may run elsewhere (xdist)
+    error_of(srv.post("/v1/completions", json={**OK, "max_tokens": -1}), 400)
     assert error_of(srv.post("/v1/completions", json={**OK, "model": "gpt-4"}), 404)["code"] == "model_not_found"
     assert error_of(srv.post("/v1/completions", content=b"x" * ((1 << 20) + 1)), 413)["code"] == "request_too_large"
     assert error_of(httpx.get(srv.url + "/v1/nothing", timeout=TIMEOUT), 404)["code"] == "not_found"
     assert error_of(httpx.get(srv.url + "/v1/completions", timeout=TIMEOUT), 405)["code"] == "method_not_allowed"
     assert queued == []
-    assert srv.metric("gmlx:http_rejected_total", status="400") >= len(BAD)
+    assert srv.metric("gmlx:http_rejected_total", status="400") == before + 1
 
 
 def test_the_openai_client_raises_typed_errors(srv, queued):

@@ -52,8 +52,8 @@ def test_streams_equal_plain_and_drafts_are_accepted(smollm2, dtype, n_prompts):
     assert lm.target.hidden_size == 576  # not the packed width of a quantized embedding (144 words)
     drafted = accepted = 0
     for prompt in prompts[:n_prompts]:
-        for params in (SamplingParams(max_tokens=20, temperature=0.0, seed=0),
-                       SamplingParams(max_tokens=20, temperature=0.8, seed=3)):
+        for params in (SamplingParams(max_tokens=14, temperature=0.0, seed=0),
+                       SamplingParams(max_tokens=14, temperature=0.8, seed=3)):
             ref, got = plain.generate(prompt, params), spec.generate(prompt, params)
             c = compare_streams(lm, prompt, ref.tokens, got.tokens, params)
             assert c.ok, (dtype, params.temperature, c, ref.tokens, got.tokens)
