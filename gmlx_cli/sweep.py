@@ -37,25 +37,22 @@ from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_
 DEFAULT_WIDTHS = "1,2,3,4,6,8,12,16"
 
 
+LONE_PROMPTS = 4  # width 1 is a lone request: measured on several prompts in turn (acceptance varies by prompt)
+
+
 def measure(lm, prompts: list[list[int]], width: int, max_tokens: int, config: EngineConfig, seed: int = 0) -> dict:
-    """Steady-state aggregate tokens/s of `width` requests decoding together in a fresh engine."""
+    """Steady-state aggregate tokens/s of `width` requests decoding together in a fresh engine
+    (width 1: LONE_PROMPTS requests, each alone, one after another)."""
     engine = Engine(lm, config, switches=Switches())
-    streams = [engine.submit(prompts[i % len(prompts)], SamplingParams(max_tokens=max_tokens, seed=seed + i,
-                                                                        ignore_eos=True), start=False)
-               for i in range(width)]
+    groups = ([[prompts[j % len(prompts)]] for j in range(LONE_PROMPTS)] if width == 1
+              else [[prompts[i % len(prompts)] for i in range(width)]])
     steady, total = [0, 0.0], [0, 0.0]  # tokens, seconds
+    streams = []
     try:
-        first = True
-        while engine.has_work:
-            t = time.perf_counter()
-            events = engine.step()
-            dt = time.perf_counter() - t
-            rounds = [e for e in events if e.kind is EventKind.ROUND]
-            n = sum(row[3] for e in rounds for row in e.rows)
-            total[0], total[1] = total[0] + n, total[1] + dt
-            if not first and rounds and all(e.width == width for e in rounds):
-                steady[0], steady[1] = steady[0] + n, steady[1] + dt
-            first = False
+        for group in groups:
+            streams += [engine.submit(p, SamplingParams(max_tokens=max_tokens, seed=seed + len(streams) + i,
+                                                        ignore_eos=True), start=False) for i, p in enumerate(group)]
+            _decode(engine, width, steady, total)
     finally:
         engine.close()
     tokens, seconds = steady if steady[1] > 0 else total  # too short for a steady state: all of it
@@ -67,6 +64,22 @@ def measure(lm, prompts: list[list[int]], width: int, max_tokens: int, config: E
             "draft_acceptance_rate": accepted / drafted if drafted else float("nan"), "rounds": rounds,
             "tokens_per_round": (rounds + accepted) / rounds if rounds else float("nan"),
             "drafts_per_round": drafted / rounds if rounds else float("nan")}
+
+
+def _decode(engine: Engine, width: int, steady: list, total: list) -> None:
+    """Step until idle, adding tokens and seconds to `total`, and to `steady` for the rounds where
+    all `width` rows decode (the first step, the prefill, excluded)."""
+    first = True
+    while engine.has_work:
+        t = time.perf_counter()
+        events = engine.step()
+        dt = time.perf_counter() - t
+        rounds = [e for e in events if e.kind is EventKind.ROUND]
+        n = sum(row[3] for e in rounds for row in e.rows)
+        total[0], total[1] = total[0] + n, total[1] + dt
+        if not first and rounds and all(e.width == width for e in rounds):
+            steady[0], steady[1] = steady[0] + n, steady[1] + dt
+        first = False
 
 
 def recommend(summary: list[dict], margin: float) -> int | str:
@@ -212,7 +225,7 @@ def sweep_cap(
     draft = str(draft_model) if draft_model else None
     ks = ks_given or [lm.default_k]
     ids = [list(lm.tokenizer.encode(s.prompt)) for s in specs]
-    used = [(f"prompt {i + 1}", ids[i]) for i in range(min(len(ids), max(ws)))]  # measure() cycles through these
+    used = [(f"prompt {i + 1}", ids[i]) for i in range(min(len(ids), max(*ws, LONE_PROMPTS)))]  # measure() cycles through these
     check_prompts(lm.context_length, used)
     if lm.context_length is not None and any(len(p) + max_tokens > lm.context_length for _, p in used):
         raise max_tokens_error("--max-tokens", str(max_tokens), lm.context_length, used)

@@ -391,3 +391,20 @@ def test_live_view_from_events_only():
 def test_sampling_params_carry_seed_and_budget():
     (req,) = build_requests(load_prompt_specs(None), 1, Arrival(), (8, 8), 0.5, seed=3, ignore_eos=True)
     assert req.params == SamplingParams(temperature=0.5, max_tokens=8, seed=3, ignore_eos=True).validated()
+
+
+def test_sweep_measures_the_lone_request_on_several_prompts(lm, prompts, monkeypatch):
+    """Width 1 is calibrated on LONE_PROMPTS prompts, each decoded alone (acceptance varies by prompt)."""
+    from gmlx import Engine, EngineConfig
+
+    seen = []
+    real = Engine.submit
+
+    def spy(self, prompt, params=None, **kw):
+        seen.append((list(prompt), len(self.live_rows()) + self.service.queued))
+        return real(self, prompt, params, **kw)
+
+    monkeypatch.setattr(Engine, "submit", spy)
+    m = sweep.measure(lm, prompts[:6], 1, 5, EngineConfig(speculative=False))
+    assert [p for p, _ in seen] == prompts[:sweep.LONE_PROMPTS] and all(busy == 0 for _, busy in seen)
+    assert m["tokens"] > 0
