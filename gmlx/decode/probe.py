@@ -1,8 +1,9 @@
 """Measure what a speculative round costs on this machine: verify forwards of 1..K+1 tokens and
 one drafter step, relative to a one-token forward (gmlx/policy/costs.py explains the units).
 
-Run once per (target, drafter kind, K) in a process, at the first lone request that would
-speculate, unless `gmlx sweep-cap --write` stored calibrated figures. Costs are timed as the
+Run once per (target, drafter kind, K) in a process, when a speculative engine is constructed
+(skipped when K is explicit: such an engine always speculates); a lone request gives speculation
+up on these figures only after a second measurement agrees (`reconfirmed`). Costs are timed as the
 engine meets them: wall time of the forward built and evaluated (graph building included,
 which is what dominates a small model on a GPU), after a short context. The lengths are timed
 in turn, a few times over, and each keeps its fastest time: on a shared machine the minimum is
