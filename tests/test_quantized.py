@@ -6,6 +6,7 @@ import shutil
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from engine_helpers import P, check_solo, drive, engine
@@ -56,11 +57,15 @@ def test_wide_and_narrow_forwards_agree(q4):
     wide, _ = t(ids, c1)
     steps = [t(ids[:, i:i + 1], c2)[0] for i in range(ids.shape[1])]
     narrow = mx.concatenate(steps, axis=1)
-    from numerics import assert_close
+    from numerics import assert_close, tie_margin
 
     # Different kernels on 4-bit weights: a looser bound than a float32 reorder, same argmax.
     assert_close(wide, narrow, dtype=mx.float16, msg="wide vs narrow logits")
-    assert mx.array_equal(mx.argmax(wide, -1), mx.argmax(narrow, -1)).item()  # sync: test check
+    # Greedy tokens agree except where the top two are within rounding of each other (tie-aware).
+    w, n = np.array(wide[0]), np.array(narrow[0])
+    top2 = np.sort(n, axis=-1)[:, -2:]
+    differ = w.argmax(-1) != n.argmax(-1)
+    assert (top2[differ, 1] - top2[differ, 0] < tie_margin()).all(), np.flatnonzero(differ)
 
 
 @pytest.mark.parametrize("t", [0.0, 0.8])
