@@ -15,7 +15,6 @@ estimates: reproducible decisions, e.g. in tests).
 from __future__ import annotations
 
 import os
-import time
 import warnings
 import weakref
 
@@ -28,9 +27,9 @@ from gmlx.drafters.base import DraftPick, Drafter
 from gmlx.engine.row import Row
 from gmlx.models.adapter import Target
 from gmlx.policy.costs import PRIOR, Costs
+from gmlx.timing import REPS, fastest
 
 _CONTEXT = 48
-_REPS = 5
 _measured: "weakref.WeakKeyDictionary[Target, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -69,19 +68,6 @@ def reconfirmed(target: Target, drafter: Drafter, max_k: int) -> Costs:
     return best
 
 
-def _fastest(fns: list) -> list[float]:
-    """Each function's fastest wall time over _REPS turns, the functions interleaved."""
-    for fn in fns:
-        fn()  # warm-up: kernels, allocator
-    best = [float("inf")] * len(fns)
-    for _ in range(_REPS):
-        for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - t0)
-    return best
-
-
 def measure(target: Target, drafter: Drafter | None, max_k: int, width: int = 1) -> Costs:
     """Costs at this batch width: rows of the same context decoding together (t(1) is then a
     plain step of the whole batch, the unit a batch round is compared with)."""
@@ -99,10 +85,10 @@ def measure(target: Target, drafter: Drafter | None, max_k: int, width: int = 1)
                 c.trim(n)
         return run
 
-    t = _fastest([forward(n) for n in range(1, max_k + 2)])
+    t = fastest([forward(n) for n in range(1, max_k + 2)])
     verify = tuple(np.maximum.accumulate([x / t[0] for x in t]).tolist())  # sync: none, numpy; a longer verify never costs less
     draft = _draft_cost(drafter, cache, hidden, ids, max_k, width) / t[0] if drafter is not None else 0.0
-    return Costs(verify, draft, f"measured (width {width}, context {_CONTEXT}, fastest of {_REPS})")
+    return Costs(verify, draft, f"measured (width {width}, context {_CONTEXT}, fastest of {REPS})")
 
 
 def _draft_cost(drafter: Drafter, cache: list, hidden: mx.array, ids: list[int], max_k: int, width: int) -> float:
@@ -121,6 +107,6 @@ def _draft_cost(drafter: Drafter, cache: list, hidden: mx.array, ids: list[int],
         return run
 
     if max_k < 2:
-        return _fastest([drafts(1)])[0] / 2  # the pending entry's teacher forcing and the draft: two steps
-    one, many = _fastest([drafts(1), drafts(max_k)])
+        return fastest([drafts(1)])[0] / 2  # the pending entry's teacher forcing and the draft: two steps
+    one, many = fastest([drafts(1), drafts(max_k)])
     return max(many - one, 0.0) / (max_k - 1)

