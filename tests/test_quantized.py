@@ -109,3 +109,49 @@ def test_the_measured_choice_is_consistent(q4, monkeypatch):
     monkeypatch.delenv("GMLX_DEQUANTIZED_DECODE")
     t = load(q4.path).target
     assert t.wide is not None and (t.decode_model is not t.model) is t.decode_on_twin
+
+
+@pytest.mark.parametrize("forced", ["1", "0"])
+def test_smollm2_loads_whichever_path_one_token_steps_take(smollm2, forced, monkeypatch):
+    """The load-time check compares like with like (issue: `--model smollm2` failed on every
+    machine where the twin decodes faster): forced both ways, the 4-bit model loads, its split
+    forward on its own weights is mlx-lm's, and greedy streams equal the float32 conversion's."""
+    from gmlx.models.loading import load
+    from gmlx.testing import run_scalar
+
+    monkeypatch.setenv("GMLX_DEQUANTIZED_DECODE", forced)
+    lm = load(smollm2.path("q"))
+    assert lm.target.decode_on_twin is (forced == "1")
+    ids = lm.tokenizer.encode("The capital of France is")
+    rec = run_scalar(lm, ids, P(12), speculative=False)
+    ref = run_scalar(smollm2.load("float32"), ids, P(12), speculative=False)
+    assert len(rec.tokens) == 12
+    same_stream(smollm2.load("float32"), ids, ref.tokens, rec.tokens, P(12))
+
+
+def test_a_twin_that_disagrees_is_refused_with_the_switch_that_avoids_it(q4, monkeypatch):
+    from gmlx.errors import ModelLoadError
+    from gmlx.models.adapter import Target
+
+    t = Target(q4.target.model)
+    lin = t.twin.model.layers[0].mlp.down_proj
+    lin.weight = lin.weight * 3.0  # a dequantization gone wrong
+    with pytest.raises(ModelLoadError, match="GMLX_DEQUANTIZED_VERIFY=0"):
+        t.check()
+
+
+def test_a_family_that_post_processes_logits_is_refused_by_name(q4):
+    from gmlx.errors import ModelLoadError
+    from gmlx.models.adapter import Target
+
+    class Capped(nn.Module):  # logit soft-capping, as gemma2 does
+        def __init__(self, inner):
+            super().__init__()
+            self.model, self.inner = inner.model, inner
+
+        def __call__(self, x, cache=None):
+            return 30.0 * mx.tanh(self.inner(x, cache=cache) / 30.0)
+
+    t = Target(Capped(load(default_model_path()).target.model))
+    with pytest.raises(ModelLoadError, match="post-processes logits"):
+        t.check()

@@ -54,23 +54,28 @@ class Target:
         # A quantized model on the CPU runs its multi-token forwards through a dequantized twin
         # (gmlx/models/dequantized.py): a verify of k+1 tokens then costs ~1.3 steps, not k+1.
         # One-token steps too when the twin is the faster there (measured at load).
-        self.wide, self.decode_model, self.decode_on_twin = None, model, False
+        self.twin, self.wide, self.decode_model, self.decode_on_twin = None, None, model, False
         if dequantized.wanted(model):
-            twin = dequantized.materialized(model)
+            self.twin = twin = dequantized.materialized(model)
             self.wide = _parts(twin, hidden_convention)
             if dequantized.decodes_faster(model, twin):
                 self.decode_model, self.decode_on_twin = twin, True
+
+    @property
+    def own(self) -> tuple:
+        """The model's own backbone, hidden backbone, final norm and LM head (never the twin)."""
+        return self.backbone, self._hidden_backbone, self.final_norm, self.lm_head
 
     def _for(self, n: int) -> tuple:
         """The backbone, hidden backbone, final norm and LM head for a forward of n tokens."""
         if self.wide is not None and (n > 1 or self.decode_on_twin):
             return self.wide
-        return self.backbone, self._hidden_backbone, self.final_norm, self.lm_head
+        return self.own
 
-    def __call__(self, tokens: mx.array, cache: list, *, wide: bool = True) -> tuple[mx.array, mx.array]:
+    def __call__(self, tokens: mx.array, cache: list, *, parts: tuple | None = None) -> tuple[mx.array, mx.array]:
         """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] in this target's convention).
-        `wide=False`: the model's own weights whatever L (the twin is for speed only)."""
-        _, hidden_backbone, final_norm, lm_head = self._for(tokens.shape[1] if wide else 1)
+        `parts`: run these (`own`, or the twin's `wide`) instead of the ones chosen for speed."""
+        _, hidden_backbone, final_norm, lm_head = parts or self._for(tokens.shape[1])
         hidden = hidden_backbone(tokens, cache=cache)
         if self.hidden_convention == PRE_NORM:
             return lm_head(final_norm(hidden)), hidden
@@ -88,16 +93,35 @@ class Target:
         return make_prompt_cache(self.model)
 
     def check(self) -> None:
-        """Refuse a family whose logits are not lm_head(backbone(x))."""
-        x = mx.array([[1, 2, 3]], dtype=mx.int32) % self.vocab_size
-        ref = self.model(x)
-        ours, _ = self(x, cache=None, wide=False)  # the same weights as mlx-lm's forward
-        diff = mx.abs(ref.astype(mx.float32) - ours.astype(mx.float32)).max()
-        if diff.item() > 1e-3:  # sync: once, at load time
+        """Load-time checks, each comparing like with like:
+        1. the family: lm_head(backbone(x)) on the model's own weights == mlx-lm's `model(x)`
+           (1e-3: the same kernels), else it post-processes logits and is refused;
+        2. the twin, when there is one: its split forward == its own `model(x)` (1e-3, the family
+           check again on the twin's weights), and its logits == the quantized model's within a
+           tolerance fit for other kernels over the same weights (their dot products round
+           differently: SmolLM2 at 4 bits differs by up to 0.08 on logits of magnitude 31, i.e.
+           0.25 %; refused above 1 % of the logits' magnitude: a dequantization gone wrong)."""
+        x = mx.array([[1, 2, 3, 40, 50, 600]], dtype=mx.int32) % self.vocab_size
+        ref = self.model(x).astype(mx.float32)
+        ours, _ = self(x, cache=None, parts=self.own)  # the same weights as mlx-lm's forward
+        if _max_diff(ref, ours) > 1e-3:  # sync: once, at load time
             raise ModelLoadError(
                 f"{type(self.model).__module__}: logits are not lm_head(model.model(x)); this family post-processes"
-                " logits and is not supported yet (use --no-speculative with mlx-lm instead)"
-            )
+                " logits and gmlx cannot speculate on it yet (mlx_lm.generate runs it)")
+        if self.wide is None:
+            return
+        split, _ = self(x, cache=None, parts=self.wide)
+        scale = mx.abs(ref).max().item()  # sync: once, at load time
+        tol, off = 1e-2 * max(scale, 1.0), _max_diff(ref, split)
+        if _max_diff(self.twin(x), split) > 1e-3 or off > tol:
+            raise ModelLoadError(
+                f"{type(self.model).__module__}: the float32 twin of this quantized model disagrees with it (logits"
+                f" differ by {off:.3g}, allowed {tol:.3g}); set GMLX_DEQUANTIZED_VERIFY=0 to run the quantized"
+                " kernels throughout")
+
+
+def _max_diff(a: mx.array, b: mx.array) -> float:
+    return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()  # sync: load-time checks only
 
 
 def _parts(model: nn.Module, hidden_convention: str) -> tuple:
