@@ -16,6 +16,8 @@ from typing import Callable
 
 from gmlx.errors import ConfigError, InvalidRequest
 
+MAX_LOGPROBS = 20  # the most top alternatives a request may ask for per token (OpenAI's top_logprobs limit)
+
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
@@ -70,6 +72,32 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # as vLLM: keep generating past EOS (fixed-length benchmarks)
     stop_fn: Callable[[list[int], str], bool] | None = None
+    # Logits processors (gmlx/processors.py; mlx-lm's make_logits_processors semantics and order:
+    # logit_bias, repetition, presence, frequency; then min_tokens). Off at their defaults.
+    repetition_penalty: float = 0.0  # multiplicative, sign-aware; 0 or 1 = off
+    repetition_context_size: int = 20  # the last N tokens (prompt included) it looks at; 0 = all
+    presence_penalty: float = 0.0  # subtracted once from each token in the window; in [-2, 2]
+    presence_context_size: int = 20
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the window; in [-2, 2]
+    frequency_context_size: int = 20
+    logit_bias: tuple[tuple[int, float], ...] | dict | None = None  # token id -> bias in [-100, 100]
+    min_tokens: int = 0  # EOS is masked until this many tokens were generated
+    logprobs: int | None = None  # None: off; N >= 0: the chosen token's logprob and the top N (<= 20)
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (echo)
+
+    def __post_init__(self):
+        if isinstance(self.logit_bias, dict):  # kept hashable: sorted (token, bias) pairs
+            try:
+                pairs = tuple(sorted(self.logit_bias.items()))
+            except TypeError:
+                pairs = tuple(self.logit_bias.items())
+            object.__setattr__(self, "logit_bias", pairs)
+
+    @property
+    def has_processors(self) -> bool:
+        """Whether any logits processor is on (False: the sampler's plain path, zero cost)."""
+        return (self.repetition_penalty not in (0, 1) or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or bool(self.logit_bias) or self.min_tokens > 0)
 
     def validated(self) -> "SamplingParams":
         """Check every field; return a copy with a concrete seed and stop as a tuple. Wrong types
@@ -93,12 +121,44 @@ class SamplingParams:
             raise InvalidRequest(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if self.stop_fn is not None and not callable(self.stop_fn):
             raise InvalidRequest(f"stop_fn must be callable (tokens, text) -> bool, got {self.stop_fn!r}")
+        self._validate_processors()
         seed = self.seed
         if seed is None:
             seed = secrets.randbits(31)
         elif not _is_int(seed) or seed < 0:
             raise InvalidRequest(f"seed must be an integer >= 0, got {seed!r}")
         return replace(self, seed=seed, stop=stop)
+
+    def _validate_processors(self) -> None:
+        rp = self.repetition_penalty
+        if not _is_real(rp) or not (0.0 <= rp < math.inf):
+            raise InvalidRequest(f"repetition_penalty must be a finite number >= 0 (0 or 1 = off), got {rp!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_real(v) or not (-2.0 <= v <= 2.0):
+                raise InvalidRequest(f"{name} must be a number in [-2, 2] (0 = off), got {v!r}")
+        for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 0:
+                raise InvalidRequest(f"{name} must be an integer >= 0 (0 = the whole context), got {v!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise InvalidRequest(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if _is_int(self.max_tokens) and self.min_tokens > self.max_tokens:
+            raise InvalidRequest(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, tuple) or any(not isinstance(p, tuple) or len(p) != 2 for p in bias):
+                raise InvalidRequest(f"logit_bias must map token ids to numbers, got {bias!r}")
+            for tok, b in bias:
+                if not _is_int(tok) or tok < 0:
+                    raise InvalidRequest(f"logit_bias keys must be token ids (integers >= 0), got {tok!r}")
+                if not _is_real(b) or not (-100.0 <= b <= 100.0):
+                    raise InvalidRequest(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {tok}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
+                raise InvalidRequest(f"{name} must be an integer in [0, {MAX_LOGPROBS}] (or None: off), got {v!r}")
+
 
 
 def _is_int(x) -> bool:

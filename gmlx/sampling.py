@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from gmlx import processors
 from gmlx.compiled import compiled
 
 _M1 = 0x85EBCA6B
@@ -70,6 +71,9 @@ class RowSampling:
     any_min_p: bool
     any_top_k: bool
     all_greedy: bool
+    # Logits processors and logprobs (gmlx.processors), None when no row has either: the
+    # sampler's path is then exactly the one without them.
+    proc: object | None = None
 
     @property
     def flags(self) -> tuple[bool, bool, bool]:
@@ -92,6 +96,7 @@ class RowSampling:
             any_min_p=bool(((mp > 0) & (t > 0)).any()),
             any_top_k=bool(((tk > 0) & (t > 0)).any()),
             all_greedy=bool((t == 0).all()),
+            proc=processors.build(params),
         )
 
 

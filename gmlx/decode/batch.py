@@ -30,6 +30,7 @@ from gmlx.engine import trace
 from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
 from gmlx.models.adapter import Target
+from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
@@ -41,6 +42,7 @@ class BatchLoop:
         self.cache: list[RaggedKVCache] = []
         self.draft: object | None = None  # the drafter's state for every row; armed iff set
         self.lookahead: mx.array | None = None  # [B, 1] in-flight plain tokens
+        self.lookahead_lps: mx.array | None = None  # their logprobs, when some row asked (gmlx.processors)
         self.rs: RowSampling | None = None
 
     @property
@@ -89,6 +91,8 @@ class BatchLoop:
             self.draft = self.drafter.filter(self.draft, keep)
         if self.lookahead is not None:
             self.lookahead = self.lookahead[idx]
+            if self.lookahead_lps is not None:
+                self.lookahead_lps = self.lookahead_lps[idx]
         self._resample()
 
     def disarm(self) -> None:
@@ -110,12 +114,18 @@ class BatchLoop:
         mx.async_eval(drafts)  # the draft chain starts computing while the verify graph is built
         inputs = mx.concatenate([self._bonus(), drafts], axis=1)  # [B, k+1]
         logits, hidden = self.target(inputs, self.cache)  # [B, k+1, V], [B, k+1, D]
+        # processors (if any): position j of row b sees its committed tokens and drafts[b, :j]
+        logits = processed(logits, self.rs, self.rows, self._first_positions(), drafts)
         targets = sample(logits, self.rs, self._first_positions())  # [B, k+1]
+        lps = scored(logits, targets, self.rs)  # None unless some row asked for logprobs
         both = mx.concatenate([drafts, targets], axis=1)
         trace.mark("build")
+        if lps is not None:
+            mx.eval(both, lps)  # sync: the round's one evaluation, tokens and logprobs together
         read = np.array(both)  # sync: the round's one host read
         trace.mark("wait")
         accepted, results = verified(read[:, :k], read[:, k:], lengths)
+        attach(results, lps, self.rs)
         trace.mark("readback")
         trim_rows(self.cache, k - accepted)
         # A FAULT (-1) target ends its row at emission; the drafter must still never embed it.
@@ -126,30 +136,45 @@ class BatchLoop:
     def plain_round(self, successor: bool) -> list[RoundResult]:
         """One plain step per row; dispatch the next step before reading this one (if asked)."""
         assert self.draft is None
-        cur = self.lookahead if self.lookahead is not None else self._plain_step(self._bonus(), 0)
-        self.lookahead = None
+        if self.lookahead is not None:
+            cur, cur_lps = self.lookahead, self.lookahead_lps
+        else:
+            cur, cur_lps = self._plain_step(self._bonus(), 0)
+        self.lookahead = self.lookahead_lps = None
         if successor and any(r.remaining > 1 for r in self.rows):
-            self.lookahead = self._plain_step(mx.maximum(cur, 0), 1)  # a FAULT row is finished; feed it a real id
+            # a FAULT row is finished; feed it a real id
+            self.lookahead, self.lookahead_lps = self._plain_step(mx.maximum(cur, 0), 1)
             trace.mark("build")
-            mx.async_eval(self.lookahead)
+            mx.async_eval(self.lookahead) if self.lookahead_lps is None else mx.async_eval(self.lookahead,
+                                                                                          self.lookahead_lps)
             trace.mark("dispatch")
         toks = cur.tolist()  # sync: read this step's tokens while the next step computes
         trace.mark("wait")
-        return [RoundResult(tokens=row_toks, drafted=0, accepted=0) for row_toks in toks]
+        results = [RoundResult(tokens=row_toks, drafted=0, accepted=0) for row_toks in toks]
+        attach(results, cur_lps, self.rs)
+        return results
 
-    def _plain_step(self, y: mx.array, shift: int) -> mx.array:
+    def _plain_step(self, y: mx.array, shift: int) -> tuple[mx.array, mx.array | None]:
+        """Each row's next token (and logprobs, None unless asked); shift 1: `y` is the previous
+        step's tokens, still on the device (processors see them there)."""
         logits = self.target.logits(y, self.cache)[:, -1:]  # [B, 1, V]
-        return sample(logits, self.rs, self._first_positions(shift))  # [B, 1]
+        logits = processed(logits, self.rs, self.rows, self._first_positions(shift), y if shift else None, shift)
+        tok = sample(logits, self.rs, self._first_positions(shift))  # [B, 1]
+        return tok, scored(logits, tok, self.rs)
 
     def capture_round(self) -> list[RoundResult]:
         """Verify every pending bonus alone, capturing hidden states; arm the drafter from them."""
         assert self.lookahead is None and self.drafter is not None
         logits, hidden = self.target(self._bonus(), self.cache)  # [B, 1, V], [B, 1, D]
+        logits = processed(logits, self.rs, self.rows, self._first_positions())
         targets = sample(logits, self.rs, self._first_positions())  # [B, 1]
-        mx.eval(targets)  # sync: the round's one host read
+        lps = scored(logits, targets, self.rs)
+        mx.eval(targets) if lps is None else mx.eval(targets, lps)  # sync: the round's one host read
         toks = targets.tolist()  # sync: evaluated above
         self.draft = self.drafter.capture(self.rows, hidden, mx.maximum(targets, 0))  # FAULT: see commit
-        return [RoundResult(tokens=t, drafted=0, accepted=0) for t in toks]
+        results = [RoundResult(tokens=t, drafted=0, accepted=0) for t in toks]
+        attach(results, lps, self.rs)
+        return results
 
     def kv_lengths(self) -> np.ndarray:
         return self.cache[0].lengths if self.cache else np.zeros(0, dtype=np.int64)

@@ -9,37 +9,56 @@ import numpy as np
 from gmlx.decode.verify import RoundResult
 from gmlx.engine import trace
 from gmlx.models.adapter import Target
+from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
 class PlainDecoder:
-    def __init__(self, target: Target, cache: list, rs: RowSampling, bonus: int, position: int, remaining):
-        """`remaining()`: the request's budget left, read before dispatching a successor."""
+    def __init__(self, target: Target, cache: list, rs: RowSampling, bonus: int, position: int, remaining,
+                 row=None, pending: list[int] = ()):
+        """`remaining()`: the request's budget left, read before dispatching a successor. `row`
+        and `pending` (its tokens not yet emitted, ending with `bonus`): what logits processors
+        see (gmlx.processors; needed only when the request has some)."""
         self.target = target
+        self.row = row
         self.cache = cache
         self.rs = rs
         self.pos = position
         self.remaining = remaining
-        self.next = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos)
-        mx.async_eval(self.next)
+        self.next, self.next_lps = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos, pending=pending)
+        _dispatch(self.next, self.next_lps)
 
-    def _step(self, y: mx.array, pos: int) -> mx.array:
+    def _step(self, y: mx.array, pos: int, lookahead: bool = False, pending: list[int] = ()):
+        """The token at `pos` after `y` (and its logprobs, None unless asked); `lookahead`: y is
+        the previous step's token, still on the device (processors see it there)."""
         logits = self.target.logits(y, self.cache)[:, -1:]  # [1, 1, V]
-        return sample(logits, self.rs, np.array([pos]))  # [1, 1]
+        logits = processed(logits, self.rs, [self.row], [pos], y if lookahead else None, int(lookahead), [pending])
+        tok = sample(logits, self.rs, np.array([pos]))  # [1, 1]
+        return tok, scored(logits, tok, self.rs)
 
     @property
     def in_flight(self) -> bool:
         return self.next is not None
 
     def round(self, bonus: int, successor: bool = True) -> RoundResult:
-        cur = self.next if self.next is not None else self._step(mx.array([[bonus]], dtype=mx.int32), self.pos)
-        self.next = None
+        if self.next is not None:
+            cur, cur_lps = self.next, self.next_lps
+        else:
+            cur, cur_lps = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos)
+        self.next = self.next_lps = None
         if successor and self.remaining() > 1:
-            self.next = self._step(mx.maximum(cur, 0), self.pos + 1)  # a FAULT ends the row; feed a real id
+            # a FAULT ends the row; feed a real id
+            self.next, self.next_lps = self._step(mx.maximum(cur, 0), self.pos + 1, lookahead=True)
             trace.mark("build")
-            mx.async_eval(self.next)
+            _dispatch(self.next, self.next_lps)
             trace.mark("dispatch")
         tok = cur.item()  # sync: read this step's token while the next one computes
         trace.mark("wait")
         self.pos += 1
-        return RoundResult(tokens=[tok], drafted=0, accepted=0)
+        res = RoundResult(tokens=[tok], drafted=0, accepted=0)
+        attach([res], cur_lps, self.rs)
+        return res
+
+
+def _dispatch(tok: mx.array, lps: mx.array | None) -> None:
+    mx.async_eval(tok) if lps is None else mx.async_eval(tok, lps)

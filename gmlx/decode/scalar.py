@@ -33,6 +33,7 @@ from gmlx.models.adapter import Target
 from gmlx.decode.probe import reconfirmed, round_costs
 from gmlx.policy.adaptive import AcceptanceEstimate
 from gmlx.policy.costs import Costs
+from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
@@ -116,12 +117,13 @@ class ScalarLane:
         if not max_k:
             self._go_plain(self.seq, self.seq.bonus, row.next_position)
 
-    def _go_plain(self, seq: ScalarSeq, bonus: int, position: int) -> None:
+    def _go_plain(self, seq: ScalarSeq, bonus: int, position: int, pending: list[int] = ()) -> None:
         """Decode the rest of this request plain from `bonus` (the next token sampled at
         `position`), double-buffered: the plain path, not a speculative round without drafts.
         The drafter's state for the request is dropped."""
         seq.draft, seq.max_k = None, 0
-        self.plain = PlainDecoder(self.target, seq.cache, seq.rs, bonus, position, lambda: seq.row.remaining)
+        self.plain = PlainDecoder(self.target, seq.cache, seq.rs, bonus, position, lambda: seq.row.remaining,
+                                  row=seq.row, pending=pending)
 
     def _stops_paying(self, seq: ScalarSeq) -> bool:
         """Enough rounds show that no draft length pays at this request's acceptance."""
@@ -143,9 +145,9 @@ class ScalarLane:
         if not last and remaining > 0 and not seq.row.stops_at(res.tokens):
             bonus, position = max(res.tokens[-1], 0), flight.position + len(res.tokens)
             if self._stops_paying(seq):
-                self._go_plain(seq, bonus, position)
+                self._go_plain(seq, bonus, position, res.tokens)
             else:
-                self.flight = self._dispatch(seq, bonus, position, remaining)
+                self.flight = self._dispatch(seq, bonus, position, remaining, res.tokens)
         return res
 
     def evict(self) -> tuple[list[Row], list[RaggedKVCache], list[Prefilled]]:
@@ -178,7 +180,7 @@ class ScalarLane:
         k = max(1, seq.acceptance.best_k(seq.max_k, self.round_costs())) if self.adaptive else seq.max_k
         return max(0, min(k, remaining - 1))
 
-    def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int) -> Flight:
+    def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int, pending: list[int] = ()) -> Flight:
         """Build the drafts and the verify forward from the bonus at position n, and start them."""
         k = self.round_k(seq, remaining)
         inputs = mx.array([[bonus]], dtype=mx.int32)
@@ -194,12 +196,15 @@ class ScalarLane:
             mx.async_eval(drafts)
             inputs = mx.concatenate([inputs, drafts], axis=1)
         logits, hidden = self.target(inputs, seq.cache)  # [1, k+1, V], [1, k+1, D]
+        # processors (if any) see the committed tokens, the round's not yet emitted ones and drafts[:j]
+        logits = processed(logits, seq.rs, [seq.row], [n], drafts, pending=[pending])
         targets = sample(logits, seq.rs, np.array([n]))  # [1, k+1]
+        lps = scored(logits, targets, seq.rs)  # None unless the request asked for logprobs
         read = mx.concatenate([drafts, targets], axis=1) if drafts is not None else targets
         trace.mark("build")
-        mx.async_eval(read)
+        mx.async_eval(read) if lps is None else mx.async_eval(read, lps)
         trace.mark("dispatch")
-        return Flight(k=k, position=n, read=read, hidden=hidden, targets=targets)
+        return Flight(k=k, position=n, read=read, hidden=hidden, targets=targets, lps=lps)
 
     def _collect(self, seq: ScalarSeq, fl: Flight) -> RoundResult:
         """The round's one host read, the acceptance rule, and the rollback of what it rejected."""
@@ -207,6 +212,7 @@ class ScalarLane:
         read = np.array(fl.read)  # sync: the round's one host read of drafts and target tokens
         trace.mark("wait")
         accepted, (res,) = verified(read[:, :k], read[:, k:])
+        attach([res], fl.lps, seq.rs)
         seq.acceptance.record(k, res.accepted)
         trace.mark("readback")
         if k > res.accepted:
@@ -227,3 +233,4 @@ class Flight:
     read: mx.array  # [1, k + (k+1)]: the drafts, then the target's tokens
     hidden: mx.array  # [1, k+1, D]
     targets: mx.array  # [1, k+1]
+    lps: mx.array | None = None  # [1, k+1, 1+2N] logprobs, when the request asked (gmlx.processors)

@@ -23,6 +23,7 @@ class RoundResult:
     tokens: list[int]  # candidates to emit, in order
     drafted: int
     accepted: int
+    logprobs: list | None = None  # per candidate token, when the request asked (gmlx.processors)
 
 
 def accepted_counts(drafts: np.ndarray, targets: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:

@@ -24,17 +24,22 @@ from gmlx.policy.caps import CapDecision
 from gmlx.policy.costs import Costs
 
 HELLO, STEP, COSTS, CLOSE, EXIT = "hello", "step", "costs", "close", "exit"
-_PARAMS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "ignore_eos")
+_PARAMS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "ignore_eos",
+           "repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
+           "frequency_penalty", "frequency_context_size", "logit_bias", "min_tokens", "logprobs", "prompt_logprobs")
 
 
 def encode_params(p: SamplingParams) -> list:
     """Validated params (a concrete seed) as a list; stop_fn cannot travel and is refused earlier."""
-    return [list(v) if name == "stop" else v for name in _PARAMS for v in [getattr(p, name)]]
+    return [list(v) if name == "stop" else [list(t) for t in v] if name == "logit_bias" and v else v
+            for name in _PARAMS for v in [getattr(p, name)]]
 
 
 def decode_params(v: list) -> SamplingParams:
     d = dict(zip(_PARAMS, v))
     d["stop"] = tuple(d["stop"])
+    if d.get("logit_bias"):
+        d["logit_bias"] = tuple((int(t), b) for t, b in d["logit_bias"])
     return SamplingParams(**d)
 
 

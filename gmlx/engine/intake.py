@@ -42,6 +42,11 @@ def make_row(lm: LoadedModel, prompt: str | list[int], params: SamplingParams | 
         raise InvalidRequest(f"params must be a gmlx.SamplingParams, got {type(params).__name__}")
     params = (params or SamplingParams()).validated()
     ids = tokenize(lm, prompt)
+    if params.logit_bias:
+        vocab = lm.target.vocab_size
+        odd = [t for t, _ in params.logit_bias if t >= vocab]
+        if odd:
+            raise InvalidRequest(f"logit_bias keys {odd[:5]} are not token ids: the vocabulary is [0, {vocab})")
     ctx = lm.context_length
     if ctx is not None and len(ids) >= ctx:
         raise InvalidRequest(f"the prompt has {len(ids)} tokens; the model's context is {ctx} tokens")

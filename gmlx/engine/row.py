@@ -55,6 +55,7 @@ class Piece:
 
     token: int
     text: str
+    logprob: object = None  # gmlx.processors.TokenLogprob, when the request asked for logprobs
 
 
 @dataclass(slots=True)
@@ -72,6 +73,8 @@ class Row:
     preempted: bool = False  # moved from the scalar loop: batch semantics to the end, no retirement
     error: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    logprobs: list | None = None  # per emitted token (TokenLogprob), when params.logprobs is set
+    prompt_logprobs: list | None = None  # per prompt token after the first, when params.prompt_logprobs is set
 
     @property
     def seed(self) -> int:
@@ -101,11 +104,25 @@ class Row:
         statistics, then emission. A detokenizer or stop-check fault ends this request only."""
         self.stats.record_round(res.drafted, res.accepted)
         try:
-            return self.emit(res.tokens, now)
+            pieces = self.emit(res.tokens, now)
         except Exception as e:
             self.finish("error", now)
             self.error = f"{type(e).__name__}: {e}"
             return []
+        return pieces if res.logprobs is None else self._with_logprobs(pieces, res.logprobs)
+
+    def _with_logprobs(self, pieces: list[Piece], logprobs: list) -> list[Piece]:
+        """The emitted pieces (the round's first candidates, in order) with their logprobs."""
+        if self.logprobs is None:
+            self.logprobs = []
+        out, i = [], 0
+        for p in pieces:
+            if p.token >= 0:
+                self.logprobs.append(logprobs[i])
+                p = Piece(p.token, p.text, logprobs[i])
+                i += 1
+            out.append(p)
+        return out
 
     def emit(self, candidates: list[int], now: float) -> list[Piece]:
         """Take a round's tokens in order until the request finishes; return what was emitted."""

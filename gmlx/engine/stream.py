@@ -22,12 +22,16 @@ class FinalRecord:
     speculative: bool
     stats: dict = field(default_factory=dict)
     error: str | None = None
+    logprobs: list | None = None  # per token (gmlx.processors.TokenLogprob), when asked
+    prompt_logprobs: list | None = None  # per prompt token after the first, when asked
 
     @classmethod
     def of(cls, row: Row, speculative: bool, error: str | None = None) -> "FinalRecord":
         return cls(request_id=row.rid, prompt_tokens=list(row.prompt), tokens=list(row.tokens), text=row.text,
                    finish_reason=row.finish_reason or "cancelled", seed=row.seed, speculative=speculative,
-                   stats=row.stats.as_dict(), error=error or row.error)
+                   stats=row.stats.as_dict(), error=error or row.error,
+                   logprobs=list(row.logprobs) if row.logprobs is not None else None,
+                   prompt_logprobs=row.prompt_logprobs)
 
 
 _END = object()

@@ -63,16 +63,31 @@ class Comparison:
         return self.equal or self.tie
 
 
-def decision_scores(lm: LoadedModel, context: list[int], params: SamplingParams) -> np.ndarray:
-    """The values the sampler takes the argmax of at the position after `context` (full forward)."""
+def decision_scores(lm: LoadedModel, context: list[int], params: SamplingParams,
+                    prompt_len: int | None = None) -> np.ndarray:
+    """The values the sampler takes the argmax of at the position after `context` (full forward;
+    logits processors applied as the engine does, `prompt_len` of the context being the prompt)."""
     logits, _ = lm.target(mx.array([context], dtype=mx.int32), cache=None)
-    last = logits[:, -1:].astype(mx.float32)  # [1, 1, V]
+    rs = RowSampling.from_params([params], [params.seed])
+    last = processed_last(lm, logits[:, -1:], context, params, rs, prompt_len).astype(mx.float32)  # [1, 1, V]
     if params.temperature == 0:
         return np.array(last[0, 0])
-    rs = RowSampling.from_params([params], [params.seed])
     lp = filter_logprobs(last - mx.logsumexp(last, axis=-1, keepdims=True), rs)
     noise = gumbel_noise(rs.seeds, mx.array([[len(context)]]), last.shape[-1])
     return np.array((lp / params.temperature + noise)[0, 0])
+
+
+def processed_last(lm: LoadedModel, last: mx.array, context: list[int], params: SamplingParams, rs: RowSampling,
+                   prompt_len: int | None = None) -> mx.array:
+    """The logits [1, 1, V] after `context` through the request's logits processors (if any)."""
+    from types import SimpleNamespace
+
+    from gmlx.processors import processed
+
+    n = len(context) if prompt_len is None else prompt_len
+    eos = frozenset() if params.ignore_eos else frozenset(lm.eos_ids)
+    row = SimpleNamespace(rid=0, prompt=list(context[:n]), tokens=list(context[n:]), eos_ids=eos)
+    return processed(last, rs, [row], [len(context)])
 
 
 def compare_streams(lm: LoadedModel, prompt: list[int], ref: list[int], got: list[int],
@@ -81,7 +96,7 @@ def compare_streams(lm: LoadedModel, prompt: list[int], ref: list[int], got: lis
     if ref == got:
         return Comparison(equal=True, tie=False)
     i = next((j for j, (x, y) in enumerate(zip(ref, got)) if x != y), min(len(ref), len(got)))
-    scores = decision_scores(lm, list(prompt) + list(ref[:i]), params.validated())
+    scores = decision_scores(lm, list(prompt) + list(ref[:i]), params.validated(), len(prompt))
     top2 = np.sort(scores[np.isfinite(scores)])[-2:]
     margin = float(top2[-1] - top2[0]) if top2.size == 2 else float("inf")
     return Comparison(equal=False, tie=margin < tol, position=i, margin=margin)
