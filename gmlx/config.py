@@ -11,7 +11,7 @@ import math
 import numbers
 import os
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from gmlx.errors import ConfigError, InvalidRequest
@@ -160,7 +160,6 @@ class SamplingParams:
                 raise InvalidRequest(f"{name} must be an integer in [0, {MAX_LOGPROBS}] (or None: off), got {v!r}")
 
 
-
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)  # numpy integers too; True is no count
 
@@ -176,12 +175,16 @@ class Switches:
 
     preempt: bool = True
     resume: bool = True
+    # GMLX_CONTROL: the online control of K and of plain-vs-speculative per width
+    # (gmlx/policy/control.py); off: the configured cap and K alone decide, as before it existed.
+    control: bool = field(default_factory=lambda: parse_bool_env("GMLX_CONTROL", True))
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Switches":
         return cls(
             preempt=parse_bool_env("GMLX_MTP_PREEMPT", True, environ),
             resume=parse_bool_env("GMLX_MTP_RESUME", True, environ),
+            control=parse_bool_env("GMLX_CONTROL", True, environ),
         )
 
 

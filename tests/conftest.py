@@ -19,6 +19,11 @@ os.environ.setdefault("GMLX_ROUND_COSTS", "prior")
 # Likewise a quantized target's one-token steps stay on the quantized kernels unless a test asks
 # (gmlx/models/dequantized.py measures which path is faster at load; tests/test_quantized.py).
 os.environ.setdefault("GMLX_DEQUANTIZED_DECODE", "0")
+# And the online control of K and plain-vs-speculative (gmlx/policy/control.py) is off unless a
+# test turns it on: it decides from measured round times, which would move the schedules tests
+# pin. tests/test_control.py runs it on, off and forced both ways; tests/test_user_path.py runs the
+# commands with none of these set, as users do.
+os.environ.setdefault("GMLX_CONTROL", "0")
 
 
 def pytest_collection_modifyitems(config, items):

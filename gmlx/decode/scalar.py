@@ -46,7 +46,8 @@ class ScalarSeq:
     draft: object | None  # the drafter's state for this one row
     rs: RowSampling
     max_k: int = 0  # the most drafts per round for this request (0: plain)
-    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # or control.Acceptance
+    choice: object | None = None  # the control's choice for the next round (gmlx.policy.control.Choice)
 
     @property
     def bonus(self) -> int:
@@ -72,6 +73,10 @@ class ScalarLane:
         self.plain: PlainDecoder | None = None
         self.flight: Flight | None = None  # the speculative round dispatched and not yet read
         self.costs: Costs | None = None  # calibrated costs (the engine sets them) or measured at first use
+        # The online control (gmlx/policy/control.py; the engine sets it): K per round and plain
+        # vs speculative from measured round times at width 1. None: the cost model alone decides.
+        self.control = None
+        self.last_k: int | None = None  # drafts of the round last read (0: plain), for the control
 
     @property
     def row(self) -> Row | None:
@@ -97,6 +102,12 @@ class ScalarLane:
             return 0
         if not self.may_go_plain:
             return max_k
+        if self.control is not None:  # from what earlier lone requests measured (or the cost model)
+            if self.control.choose(1, max_k, self.control.pooled(1)).k > 0:
+                return max_k
+            if not self.control.at(1).times(1, self.round_costs())[2] and self.costs.source.startswith("measured"):
+                self.control.costs = self.costs = reconfirmed(self.target, self.drafter, max(self.k, 1))
+            return max_k if self.control.choose(1, max_k, self.control.pooled(1)).k > 0 else 0
         if AcceptanceEstimate().best_k(max_k, self.round_costs()) > 0:
             return max_k
         if self.costs.source.startswith("measured"):  # not figures someone set: measure once more
@@ -114,6 +125,8 @@ class ScalarLane:
         draft = self.drafter.start([row], [pre]) if max_k else None
         rs = RowSampling.from_params([row.params], [row.seed])
         self.seq = ScalarSeq(row=row, cache=pre.cache, draft=draft, rs=rs, max_k=max_k)
+        if self.control is not None and max_k:
+            self.seq.acceptance = self.control.pooled(1)  # starts from recent lone requests' acceptance
         if not max_k:
             self._go_plain(self.seq, self.seq.bonus, row.next_position)
 
@@ -126,7 +139,11 @@ class ScalarLane:
                                   row=seq.row, pending=pending)
 
     def _stops_paying(self, seq: ScalarSeq) -> bool:
-        """Enough rounds show that no draft length pays at this request's acceptance."""
+        """Enough rounds show that no draft length pays at this request's acceptance (with the
+        control: at the measured round times; the choice is also the next round's K)."""
+        if self.control is not None and self.may_go_plain and seq.draft is not None:
+            seq.choice = self.control.choose(1, seq.max_k, seq.acceptance)
+            return seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP and seq.choice.k == 0 and not seq.choice.window
         return (self.may_go_plain and seq.draft is not None and seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP
                 and seq.acceptance.best_k(seq.max_k, self.round_costs()) == 0)
 
@@ -136,11 +153,13 @@ class ScalarLane:
         detokenizing and delivery then run while the device computes that round."""
         trace.mark("admission")
         if self.plain is not None:
+            self.last_k = 0
             return self.plain.round(self.seq.bonus, successor=not last)
         seq = self.seq
         flight = self.flight or self._dispatch(seq, seq.bonus, seq.row.next_position, seq.row.remaining)
         self.flight = None
         res = self._collect(seq, flight)
+        self.last_k = flight.k
         remaining = seq.row.remaining - len(res.tokens)
         if not last and remaining > 0 and not seq.row.stops_at(res.tokens):
             bonus, position = max(res.tokens[-1], 0), flight.position + len(res.tokens)
@@ -177,7 +196,14 @@ class ScalarLane:
         adaptive), never more than the budget can use."""
         if seq.draft is None:
             return 0
-        k = max(1, seq.acceptance.best_k(seq.max_k, self.round_costs())) if self.adaptive else seq.max_k
+        if self.control is not None and self.adaptive:
+            if seq.choice is None:  # the request's first round
+                seq.choice = self.control.choose(1, seq.max_k, seq.acceptance)
+            # A plain-window round drafts nothing: a one-token verify times a plain step while the
+            # drafter keeps its state (the hidden state is appended for its next draft).
+            k = 0 if seq.choice.window else max(1, seq.choice.k)
+        else:
+            k = max(1, seq.acceptance.best_k(seq.max_k, self.round_costs())) if self.adaptive else seq.max_k
         return max(0, min(k, remaining - 1))
 
     def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int, pending: list[int] = ()) -> Flight:

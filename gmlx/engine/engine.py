@@ -26,6 +26,7 @@ from gmlx.engine.intake import make_row
 from gmlx.engine.metrics import Counters, Event, EventKind, notify
 from gmlx.engine.row import Row, RowState, transition
 from gmlx.engine.service import Service
+from gmlx.engine.speculation import Speculation
 from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.models.loading import LoadedModel, default_model_path, load
 from gmlx.policy import admission, caps
@@ -67,6 +68,10 @@ class Engine:
                              self.lm.default_k)
         if self.caps.current.notice:
             self.notices.append(self.caps.current.notice)
+        costs = self.scalar.costs if self.speculative else None
+        self.spec = Speculation(self.lm.target, drafter, self.caps, self.config.num_draft_tokens, costs,
+                                self.switches.control)
+        self.scalar.control = self.spec.control
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
         self.counters = Counters()
@@ -164,7 +169,10 @@ class Engine:
 
     def _view(self, cap: int | None) -> admission.View:
         live = self.live_rows()
+        batch_width = len(live) if self.mode in (Mode.BATCHED, Mode.GATED) else 0
         return admission.View(
+            plain_widths=self.spec.plain_widths(batch_width, len(live) + self.service.queued),
+            plain_why=self.spec.plain_why,
             mode=self.mode, width=len(live), queued=self.service.queued, cap=cap,
             speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
             lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
@@ -251,6 +259,7 @@ class Engine:
         rows = self.live_rows()
         results = self._run(kind, len(rows))
         now = time.perf_counter()
+        self.spec.observe(kind, len(rows), now - t0, results, self.scalar.last_k)
         per_row = tuple(self._deliver(row, res, now) for row, res in zip(rows, results))
         self.counters.rounds += 1
         self.counters.syncs += 1
@@ -259,8 +268,8 @@ class Engine:
     def _run(self, kind: Round, width: int) -> list[RoundResult]:
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
             return [self.scalar.round(last=kind is Round.SCALAR_LAST)]
-        if kind is Round.SPECULATIVE:  # the cap decided this batch speculates: at least one draft
-            return self.batch.speculative_round(max(1, self._k_for(width)))
+        if kind is Round.SPECULATIVE:  # the plan decided this batch speculates: at least one draft
+            return self.batch.speculative_round(self.spec.batch_k(width))
         if kind is Round.CAPTURE:
             return self.batch.capture_round()
         return self.batch.plain_round(successor=kind is Round.PLAIN)
@@ -294,6 +303,7 @@ class Engine:
         if not done:
             return
         for r in done:
+            r.stats.decision = self.spec.describe(len(live))
             self.service.finish(r)
             self._emit_event(lambda r=r: Event(EventKind.FINISH, self.mode, len(live), rid=r.rid,
                                                stats=r.stats.as_dict()))

@@ -27,6 +27,7 @@ class RequestStats:
     t_submit: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_end: float | None = None
+    decision: str = ""  # what the speculation in force ran at the end, and why (gmlx/engine/speculation.py)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         assert 0 <= accepted <= drafted
@@ -71,6 +72,8 @@ class RequestStats:
             "draft_acceptance_rate": self.draft_acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_histogram": list(self.acceptance_histogram),
+            "max_draft_tokens": max(0, len(self.acceptance_histogram) - 1),  # the largest K a round ran
+            "speculation": self.decision,
             "ttft_s": self.ttft_s,
             "tokens_per_s": self.tokens_per_s,
         }

@@ -68,6 +68,10 @@ class View:
     scalar_lookahead: bool  # the scalar plain decoder has a step in flight
     min_remaining: int  # smallest remaining budget over live rows
     resume_min_remaining: int
+    # Widths where the online control (gmlx/policy/control.py) has decided plain decoding pays
+    # better: within the cap, a batch of such a width still decodes plain (gates / does not resume).
+    plain_widths: frozenset[int] = frozenset()
+    plain_why: str = "plain pays better"  # the control's reason, for the plan's
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,16 @@ def allows(cap: int | None, width: int) -> bool:
     return cap == 0 or width <= cap
 
 
+def speculates(v: View, width: int) -> bool:
+    """May a batch of this width speculate now: a drafter, within the cap, not decided plain."""
+    return v.speculative and allows(v.cap, width) and width not in v.plain_widths
+
+
+def _why_plain(v: View, width: int) -> str:
+    return f"width {width}: {v.plain_why}" if width in v.plain_widths and allows(v.cap, width) \
+        else f"width {width} over cap {_cap_str(v.cap)}"
+
+
 def plan(v: View) -> Plan:
     if v.mode is Mode.IDLE:
         return _plan_idle(v)
@@ -99,8 +113,9 @@ def _plan_idle(v: View) -> Plan:
         return Plan((), 0, False, Round.NONE)
     if v.queued == 1:
         return Plan((Transition.START_SCALAR,), 1, False, Round.SCALAR, "one request")
-    armed = v.speculative and allows(v.cap, v.queued)
-    reason = f"{v.queued} requests, cap {_cap_str(v.cap)}"
+    armed = speculates(v, v.queued)
+    reason = f"{v.queued} requests, cap {_cap_str(v.cap)}" + ("" if armed or not v.speculative else
+                                                                f"; {_why_plain(v, v.queued)}")
     if armed:
         return Plan((Transition.FORM_BATCH,), v.queued, True, Round.SPECULATIVE, reason)
     return Plan((Transition.FORM_BATCH, *_gate_if(v)), v.queued, False, Round.PLAIN, reason)
@@ -112,11 +127,11 @@ def _plan_scalar(v: View) -> Plan:
     if v.scalar_lookahead:  # consume the plain decoder's in-flight step before moving the request
         return Plan((), 0, False, Round.SCALAR_LAST, "hold preempt one round: consume the plain lookahead")
     width = 1 + v.queued
-    if v.speculative and allows(v.cap, width):
+    if speculates(v, width):
         return Plan((Transition.PREEMPT, Transition.CAPTURE), v.queued, False, Round.CAPTURE,
                     f"{v.queued} waiting; width {width} within the cap")
     return Plan((Transition.PREEMPT, *_gate_if(v)), v.queued, False, Round.PLAIN,
-                f"{v.queued} waiting; width {width} over the cap")
+                f"{v.queued} waiting; {_why_plain(v, width)}")
 
 
 def _plan_batch(v: View) -> Plan:
@@ -125,19 +140,19 @@ def _plan_batch(v: View) -> Plan:
         width = v.width + v.queued
         if not armed and v.lookahead:
             return Plan((), 0, False, Round.PLAIN_LAST, "admission held: consume the plain lookahead")
-        within = v.speculative and allows(v.cap, width)
+        within = speculates(v, width)
         if armed and not within:
-            return Plan((Transition.GATE,), v.queued, False, Round.PLAIN, f"admission to width {width} over cap {_cap_str(v.cap)}")
+            return Plan((Transition.GATE,), v.queued, False, Round.PLAIN, f"admission: {_why_plain(v, width)}")
         if armed:
             return Plan((), v.queued, True, Round.SPECULATIVE, f"admission to width {width}")
         return Plan((), v.queued, False, Round.PLAIN, f"admission to width {width} (gated)")
     if armed:
-        if v.speculative and allows(v.cap, v.width):
+        if speculates(v, v.width):
             return Plan((), 0, False, Round.SPECULATIVE)
-        return Plan((Transition.GATE,), 0, False, Round.PLAIN, f"width {v.width} over cap {_cap_str(v.cap)}")
+        return Plan((Transition.GATE,), 0, False, Round.PLAIN, _why_plain(v, v.width))
     # A consuming round emits one more token per row before the capture, so count it in.
     remaining_at_capture = v.min_remaining - (1 if v.lookahead else 0)
-    can_resume = (v.speculative and v.resume and allows(v.cap, v.width)
+    can_resume = (speculates(v, v.width) and v.resume
                   and remaining_at_capture >= v.resume_min_remaining)
     if not can_resume:
         return Plan((), 0, False, Round.PLAIN)

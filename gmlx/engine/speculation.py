@@ -1,0 +1,84 @@
+"""The speculation in force: the configured ceilings (cap, K per width) and the online control's
+choice within them, applied by the engine; said out loud for generate, bench, serve and doctor.
+
+Precedence: `--no-speculative` (no drafter) > an explicit K (`--num-draft-tokens`: obeyed every
+round, no control) > GMLX_CONTROL=0 (the cap and K per width alone, as configured) > the online
+control (gmlx/policy/control.py), which may run fewer drafts than the ceiling, or none, at any
+width within the cap. The cap (CLI, GMLX_MTP_WIDTH_CAP, user config, model default) stays a
+ceiling: the control never speculates over it.
+"""
+
+from __future__ import annotations
+
+from gmlx.policy.admission import Round
+from gmlx.policy.control import Choice, Controller, bucket
+from gmlx.policy.costs import Costs
+
+# Rounds whose wall time is a steady-state round of their kind (a capture round, or a plain round
+# that consumes its lookahead without dispatching the next, is not).
+_TIMED = {Round.SPECULATIVE: True, Round.PLAIN: True, Round.SCALAR: True}
+
+
+class Speculation:
+    def __init__(self, target, drafter, caps, explicit_k: int | None, costs: Costs | None, control: bool):
+        self.drafter = drafter
+        self.caps = caps  # gmlx.engine.cap_watch.CapWatch: the ceilings
+        self.explicit_k = explicit_k
+        on = control and drafter is not None and explicit_k is None and costs is not None
+        self.control = Controller(target, drafter.kind, costs) if on else None
+        self.choice: Choice | None = None  # this step's choice at the batch's width
+
+    def ceiling(self, width: int) -> int:
+        """The most drafts per round at this width (explicit K, else calibrated, else default)."""
+        return self.caps.k_for(width)
+
+    def plain_widths(self, batch_width: int, upto: int) -> frozenset[int]:
+        """Widths the control has decided plain (admission reads them with the cap). For the
+        batch's own width the choice is made now (once per step); other widths are only read."""
+        if self.control is None:
+            return frozenset()
+        self.choice = None
+        if batch_width >= 1:
+            self.choice = self.control.choose(batch_width, self.ceiling(batch_width))
+        return frozenset(w for w in range(1, max(upto, batch_width) + 1)
+                         if (w == batch_width and self.choice.k == 0)
+                         or (w != batch_width and self.control.decided_plain(w)))
+
+    @property
+    def plain_why(self) -> str:
+        """Why the batch's width decodes plain now (the control's reason), for the plan's reason."""
+        return self.choice.reason if self.choice is not None and self.choice.k == 0 else "plain pays better"
+
+    def batch_k(self, width: int) -> int:
+        """Drafts this speculative batch round (the plan said speculate: at least one)."""
+        if self.choice is not None and self.choice.k > 0:
+            return self.choice.k
+        return max(1, self.ceiling(width))
+
+    def observe(self, kind: Round, width: int, seconds: float, results: list, scalar_k: int | None) -> None:
+        """Feed a round to the control: its kind's k, its wall time when steady, its acceptance."""
+        if self.control is None or kind is Round.NONE or width < 1:
+            return
+        if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
+            k = scalar_k or 0
+        else:
+            k = max((r.drafted for r in results), default=0) if kind is Round.SPECULATIVE else 0
+        steady = seconds if _TIMED.get(kind, False) else None
+        self.control.observe(width, k, steady, [(r.drafted, r.accepted) for r in results])
+
+    def describe(self, width: int) -> str:
+        """What runs at this width and why, in one line."""
+        if self.drafter is None:
+            return "plain: no drafter"
+        if self.explicit_k is not None:
+            return f"K={self.explicit_k} ({self.drafter.kind}): explicit --num-draft-tokens, always speculates"
+        cap = self.caps.current
+        if not cap.allows(width):
+            return f"plain: width {width} over the cap {cap}"
+        if self.control is None:
+            return f"K<={self.ceiling(width)} ({self.drafter.kind}): cap {cap}; online control off (GMLX_CONTROL=0)"
+        last = self.control.last.get(bucket(width))
+        if last is None:
+            return f"K<={self.ceiling(width)} ({self.drafter.kind}): nothing measured at width {width} yet"
+        return f"{last.reason} ({self.drafter.kind}, K<={self.ceiling(width)}, cap {cap})"
+

@@ -1,0 +1,268 @@
+"""Online control of speculation: what each width and K really buys, measured from the rounds the
+engine runs, and the choice that follows — K drafts per round, or plain decoding (K = 0).
+
+Per width w (exact up to 8, then powers of two) the controller keeps the wall time of recent
+rounds for each k it ran (k = 0: plain rounds), and the per-position acceptance alpha of the
+drafts at that width. Its prediction for k drafts, relative to plain decoding, is
+
+    gain(w, k) = E(alpha_w, k) * T(w, 0) / T(w, k),    E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)
+
+(E is the tokens a row emits per round: its accepted run plus the bonus; docs in costs.py). T is
+the median of the last WINDOW rounds of that kind — a load spike moves one round, not the median.
+A T not measured yet comes from one that is, scaled by the cost model (`Costs.round_cost`: the
+probe's verify and drafter costs, or the built-in prior): before any round, the prediction is the
+cost model's; after a few, it is the machine's. The best k (gain, k = 0 counting 1) runs, with
+hysteresis: the choice in force changes only when another is predicted MARGIN better, so the
+control does not flap between two near-equal choices.
+
+Keeping the estimates fresh at a bounded cost: a width decided plain tries speculation again
+after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
+1024: at most ~10 % of rounds, then ~1 %), and a width that speculates without a plain
+measurement runs PLAIN_WINDOW plain rounds once, so its "1.0x" is measured, not assumed. Plain
+round times are shared by every engine on the same target in the process (a plain baseline's
+rounds teach the speculative engine), speculative ones per (target, drafter kind).
+
+Pure arithmetic over host-side figures: nothing here touches the device. The control never moves
+a token: it only decides how many drafts a round checks (docs/design.md §3).
+"""
+
+from __future__ import annotations
+
+import statistics
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+
+from gmlx.policy.costs import Costs, emitted
+
+WINDOW = 16  # rounds per (width, k) in the running median
+MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's figure
+TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
+TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
+MARGIN = 1.05  # hysteresis: another choice must be predicted 5 % better to replace the one in force
+MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
+EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
+PLAIN_WINDOW = 4  # plain rounds a speculating width runs once, when it has no plain measurement
+PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
+PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 3.0  # acceptance before any round, worth three rounds
+DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
+
+
+def bucket(width: int) -> int:
+    """Widths pooled for the figures: exact to 8, then the power of two at or below."""
+    if width <= 8:
+        return max(1, width)
+    return 1 << (width.bit_length() - 1)
+
+
+@dataclass
+class Acceptance:
+    """Per-position acceptance as a decayed geometric MLE: a round that drafted k and accepted a
+    adds a successes and one failure when a < k (alpha = s / (s + f))."""
+
+    successes: float = PRIOR_ALPHA * PRIOR_WEIGHT
+    failures: float = (1 - PRIOR_ALPHA) * PRIOR_WEIGHT
+    rounds: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.successes = self.successes * DECAY + accepted
+            self.failures = self.failures * DECAY + (accepted < drafted)
+            self.rounds += 1
+
+
+@dataclass
+class Times:
+    """Recent round wall times, per k, at one width."""
+
+    by_k: dict[int, deque] = field(default_factory=dict)
+
+    def add(self, k: int, seconds: float) -> None:
+        self.by_k.setdefault(k, deque(maxlen=WINDOW)).append(seconds)
+
+    def median(self, k: int) -> float | None:
+        d = self.by_k.get(k)
+        return statistics.median(d) if d is not None and len(d) >= MIN_SAMPLES else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the control runs at a width, and why (said to the user: generate, bench, serve)."""
+
+    k: int  # 0: plain
+    gain: float  # predicted tokens/s relative to plain decoding (1.0 for plain)
+    alpha: float
+    plain_s: float | None  # the plain round time used (measured or derived)
+    round_s: float | None  # the chosen k's round time (measured or derived); None: plain
+    measured: bool  # both times measured here (not the cost model's figures)
+    exploring: bool = False
+    window: bool = False  # a plain round of the once-only plain measurement (speculation stays chosen)
+
+    @property
+    def reason(self) -> str:
+        src = "measured" if self.measured else "cost model"
+        if self.window:
+            return "measuring plain rounds once at this width"
+        if self.exploring:
+            return f"trying K={self.k} again (plain for a while; acceptance {self.alpha:.2f})"
+        if self.k == 0:
+            return f"plain: no K pays ({src}; acceptance {self.alpha:.2f})"
+        times = (f", round {1e3 * self.round_s:.1f} ms vs plain {1e3 * self.plain_s:.1f} ms"
+                 if self.round_s and self.plain_s else "")
+        return f"K={self.k}: {self.gain:.2f}x predicted ({src}{times}, acceptance {self.alpha:.2f})"
+
+
+class WidthControl:
+    """The figures and the choice in force at one width bucket."""
+
+    def __init__(self, plain: Times, spec: Times):
+        self.plain, self.spec = plain, spec  # shared per target / per (target, drafter)
+        self.acceptance = Acceptance()
+        self.current: int | None = None  # the k in force (None: not decided yet)
+        self.rounds_in_choice = 0
+        self.plain_run = 0  # consecutive plain rounds while the choice is plain
+        self.explore_after = EXPLORE_FIRST
+        self.spec_rounds = 0
+        self.plain_window = 0  # plain rounds still owed to the once-only plain measurement
+        self.plain_checked = False
+        self.exploring = False
+
+    def times(self, k: int, costs: Costs) -> tuple[float | None, float | None, bool]:
+        """(plain seconds, k's seconds, both measured): medians where measured, else derived
+        from a measured one through the cost model's ratios; (None, None) before any round."""
+        med = {j: self._median(j) for j in self._known()}
+        med = {j: v for j, v in med.items() if v is not None}
+        if not med:
+            return None, None, False
+        unit = med[0] if 0 in med else statistics.median(v / costs.round_cost(j) for j, v in med.items())
+        t0 = med.get(0, unit)
+        tk = med.get(k, unit * costs.round_cost(k))
+        return t0, tk, 0 in med and k in med
+
+    def _known(self) -> set[int]:
+        return set(self.plain.by_k) | set(self.spec.by_k)
+
+    def _median(self, k: int) -> float | None:
+        return (self.plain if k == 0 else self.spec).median(k)
+
+    def gain(self, k: int, costs: Costs, alpha: float) -> tuple[float, bool]:
+        if k == 0:
+            return 1.0, True
+        t0, tk, measured = self.times(k, costs)
+        if t0 is None:  # nothing measured at this width: the cost model alone
+            return costs.speedup(alpha, k), False
+        return emitted(alpha, k) * t0 / tk, measured
+
+    def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None) -> Choice:
+        """The k to run now (0: plain): the best predicted, kept by hysteresis; speculation tried
+        first at a width with nothing measured unless the cost model predicts a clear loss; an
+        unmeasured neighbour of the best tried when predicted close (the cost model's ratios come
+        from one probe); speculation tried again after a run of plain rounds; the plain window."""
+        alpha = (acceptance or self.acceptance).alpha
+        gains = {k: self.gain(k, costs, alpha)[0] for k in range(0, max_k + 1)}
+        best = argmax = max(gains, key=lambda k: (gains[k], -k))
+        best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
+        cur = self.current
+        if cur is not None and cur in gains and (cur == 0) != (best == 0):  # plain <-> speculative
+            if self.rounds_in_choice < MIN_EVIDENCE or gains[best] < MARGIN * gains[cur]:
+                best = cur  # hysteresis: keep the choice in force
+        self.exploring = False
+        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST:
+            best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
+        elif best == 0 and cur == 0 and best_spec and self.plain_run >= self.explore_after:
+            best = best_spec
+            self.explore_after = min(EXPLORE_MAX, self.explore_after * 2)
+            self.exploring = True
+        elif best > 0 and best == argmax and gains[best] > 1.0:
+            best = self._neighbour_to_try(best, max_k, gains)
+        if cur is None or (best == 0) != (cur == 0):
+            self.rounds_in_choice = 0
+            if best > 0 and cur == 0 and not self.exploring:
+                self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
+        self.current = best
+        t0, tk, measured = self.times(best, costs)
+        if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best`
+            return Choice(0, 1.0, alpha, t0, None, measured, window=True)
+        return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring)
+
+    def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
+        """k +- 1 while it has fewer than MIN_SAMPLES rounds measured and is predicted within
+        TRY_WITHIN of the best: a few rounds measure it instead of trusting the ratio."""
+        for k in (best + 1, best - 1):
+            if 1 <= k <= max_k and len(self.spec.by_k.get(k, ())) < MIN_SAMPLES and gains[k] >= TRY_WITHIN * gains[best]:
+                return k
+        return best
+
+    def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
+        """A round ran at this width with k drafts (0: plain) in `seconds` (None: not a steady-state
+        round, e.g. a capture round); `rows`: (drafted, accepted) per row."""
+        if seconds is not None:
+            (self.plain if k == 0 else self.spec).add(k, seconds)
+        for drafted, accepted in rows:
+            self.acceptance.record(drafted, accepted)
+        self.rounds_in_choice += 1
+        if k == 0:
+            self.plain_run += 1
+            self.plain_window = max(0, self.plain_window - 1)
+        else:
+            self.plain_run = 0
+            self.spec_rounds += 1
+            if (not self.plain_checked and self.spec_rounds >= PLAIN_CHECK_AFTER
+                    and self.plain.median(0) is None):
+                self.plain_checked, self.plain_window = True, PLAIN_WINDOW
+
+
+# Figures learnt in this process, shared by every engine on the same target: plain round times per
+# target, speculative ones per (target, drafter kind) — a new engine starts from what earlier ones
+# (a plain baseline, the previous bench cell, the last request) measured.
+_plain: "weakref.WeakKeyDictionary[object, dict[int, Times]]" = weakref.WeakKeyDictionary()
+_spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKeyDictionary()
+
+
+class Controller:
+    """Per-width control for one engine (the figures underneath are shared, see above)."""
+
+    def __init__(self, target: object, drafter_kind: str | None, costs: Costs):
+        self.costs = costs
+        self._plain = _plain.setdefault(target, {})
+        self._spec = _spec.setdefault(target, {})
+        self.drafter_kind = drafter_kind
+        self.widths: dict[int, WidthControl] = {}
+        self.switches = 0  # times a width's choice changed between plain and speculative
+        self.last: dict[int, Choice] = {}
+
+    def at(self, width: int) -> WidthControl:
+        b = bucket(width)
+        if b not in self.widths:
+            plain = self._plain.setdefault(b, Times())
+            spec = self._spec.setdefault((self.drafter_kind, b), Times())
+            self.widths[b] = WidthControl(plain, spec)
+        return self.widths[b]
+
+    def choose(self, width: int, max_k: int, acceptance: Acceptance | None = None) -> Choice:
+        """The k to run at this width now (at most `max_k`, the configured ceiling). Call once per
+        round that runs at this width: the hysteresis and exploration count rounds."""
+        wc = self.at(width)
+        before = wc.current
+        choice = wc.choose(max_k, self.costs, acceptance)
+        if before is not None and (before == 0) != (choice.k == 0):
+            self.switches += 1
+        self.last[bucket(width)] = choice
+        return choice
+
+    def decided_plain(self, width: int) -> bool:
+        """Whether the choice in force at this width is plain (a query: changes nothing)."""
+        wc = self.widths.get(bucket(width))
+        return wc is not None and wc.current == 0
+
+    def pooled(self, width: int) -> Acceptance:
+        """A copy of this width's recent acceptance: a new lone request starts from it."""
+        a = self.at(width).acceptance
+        return Acceptance(a.successes, a.failures, 0)
+
+    def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
+        self.at(width).observe(k, seconds, rows)

@@ -1,0 +1,184 @@
+"""The online control of speculation (gmlx/policy/control.py): its arithmetic, and the engine
+with it on — unpinned (real round times) and forced both ways (round times replaced by chosen
+figures) — where every stream still equals its solo plain stream."""
+
+import pytest
+
+from engine_helpers import P, check_solo, drive
+from gmlx import Engine, EngineConfig
+from gmlx.config import Switches
+from gmlx.engine import speculation
+from gmlx.policy import control
+from gmlx.policy.control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, Acceptance, Controller
+from gmlx.policy.costs import Costs
+
+LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
+COSTS = Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.05)
+
+
+class _Target:  # the controller keys its shared figures by target: a fresh one per test
+    pass
+
+
+def fresh(costs=COSTS) -> Controller:
+    return Controller(_Target(), "mtp", costs)
+
+
+def feed(ctl, width, k, seconds, accepted, n=1):
+    for _ in range(n):
+        ctl.observe(width, k, seconds, [(k, accepted)] * width if k else [(0, 0)] * width)
+
+
+def test_before_any_round_the_cost_model_decides():
+    ctl = fresh()
+    c = ctl.choose(1, 3)
+    assert c.k > 0 and not c.measured and c.gain == pytest.approx(COSTS.speedup(0.6, c.k))
+    slow = fresh(Costs(verify=(1.0, 2.0, 3.0, 4.0), draft=0.3))  # a quantized CPU verify: k+1 steps
+    assert slow.choose(1, 3).k == 0
+
+
+def test_measured_rounds_replace_the_cost_model_and_plain_wins_when_speculation_is_slow():
+    """Every draft accepted, but a round of drafts takes 5x a plain step: only a plain figure shows
+    that speculation loses, so a speculating width measures plain rounds once, then goes plain."""
+    ctl = fresh()
+    for _ in range(8):
+        c = ctl.choose(2, 3)
+        if c.window:
+            break
+        feed(ctl, 2, c.k, 0.050, accepted=c.k)
+    assert c.k == 0 and c.window and "plain rounds" in c.reason
+    feed(ctl, 2, 0, 0.010, accepted=0, n=PLAIN_WINDOW)
+    for _ in range(MIN_EVIDENCE + 2):
+        c = ctl.choose(2, 3)
+        feed(ctl, 2, c.k, 0.010 if c.k == 0 else 0.050, accepted=c.k)
+    assert c.k == 0 and not c.window and "plain" in c.reason
+    assert ctl.decided_plain(2) and not ctl.decided_plain(3)
+
+
+def test_no_acceptance_goes_plain_on_the_cost_model_alone():
+    ctl = fresh()
+    for _ in range(MIN_EVIDENCE + 4):
+        c = ctl.choose(2, 3)
+        feed(ctl, 2, c.k, 0.012 if c.k else 0.010, accepted=0)
+    assert c.k == 0
+
+
+def test_speculation_stays_when_it_pays_and_hysteresis_keeps_near_equal_choices():
+    ctl = fresh()
+    feed(ctl, 1, 0, 0.010, accepted=0, n=5)
+    for _ in range(20):
+        c = ctl.choose(1, 3)
+        feed(ctl, 1, c.k, 0.012 if c.k else 0.010, accepted=c.k)  # every draft accepted
+    assert c.k > 0 and c.gain > 1.5 and c.measured
+    # plain only 3 % better than a K that now accepts half: within MARGIN, the choice stays
+    ks = set()
+    for _ in range(10):
+        c = ctl.choose(1, 3)
+        ks.add(c.k)
+        feed(ctl, 1, c.k, 0.010 * 1.5 if c.k else 0.010, accepted=max(0, c.k - 1))
+    assert 0 not in ks or ctl.switches <= 1
+
+
+def test_a_width_decided_plain_tries_speculation_again_after_a_run_of_plain_rounds():
+    ctl = fresh(Costs(verify=(1.0, 3.0, 4.0, 5.0), draft=0.5))
+    assert ctl.choose(4, 3).k == 0
+    tries = 0
+    for _ in range(EXPLORE_FIRST * 3 + 2):
+        c = ctl.choose(4, 3)
+        tries += c.exploring
+        feed(ctl, 4, c.k, 0.03 if c.k else 0.01, accepted=0)
+    assert 1 <= tries <= 2  # after 64 plain rounds, then after 128 more (the wait doubles)
+
+
+def test_acceptance_decays_so_a_drafter_that_starts_agreeing_is_seen():
+    a = Acceptance()
+    for _ in range(30):
+        a.record(3, 0)
+    low = a.alpha
+    for _ in range(30):
+        a.record(3, 3)
+    assert low < 0.1 and a.alpha > 0.8
+
+
+# ---- the engine with the control on --------------------------------------------------------
+@pytest.fixture
+def clean(lm):
+    """No figures from other tests' engines on this target (they are shared per process)."""
+    control._plain.pop(lm.target, None)
+    control._spec.pop(lm.target, None)
+    yield
+    control._plain.pop(lm.target, None)
+    control._spec.pop(lm.target, None)
+
+
+def forced(monkeypatch, spec_cost: float):
+    """Round times replaced: plain rounds 10 ms, speculative ones spec_cost x 10 ms."""
+    real = speculation.Speculation.observe
+
+    def observe(self, kind, width, seconds, results, scalar_k):
+        k = max((r.drafted for r in results), default=0)
+        return real(self, kind, width, 0.010 * (spec_cost if k else 1.0), results, scalar_k)
+
+    monkeypatch.setattr(speculation.Speculation, "observe", observe)
+
+
+def on(lm, cap=0, **kw):
+    return Engine(lm, EngineConfig(width_cap=cap, **kw), switches=Switches(control=True))
+
+
+def schedule(prompts, n=48):
+    return {0: [("a", prompts[0], P(n)), ("b", prompts[1], P(n, seed=2, t=0.8))],
+            3: [("c", prompts[2], P(n)), ("d", prompts[3], P(n, seed=4, t=0.8))]}
+
+
+def test_forced_plain_the_batch_gates_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch):
+    forced(monkeypatch, spec_cost=6.0)  # a round of drafts costs six plain rounds: never pays
+    eng = on(lm)
+    run = drive(eng, schedule(prompts))
+    check_solo(lm, run)
+    reasons = [e.reason or "" for _, e in run.events() if e.transition == "gate"]
+    assert any("no K pays (measured" in r for r in reasons), reasons
+    assert eng.spec.control.decided_plain(4)
+    eng.close()
+
+
+def test_forced_speculative_the_batch_keeps_speculating_and_every_stream_equals_solo(lm, prompts, clean,
+                                                                                      monkeypatch):
+    forced(monkeypatch, spec_cost=1.05)  # drafts nearly free: speculation pays whenever one is accepted
+    eng = on(lm)
+    run = drive(eng, schedule(prompts, n=96))
+    check_solo(lm, run)
+    spec = [e for _, e in run.rounds() if e.round == "speculative"]
+    plain = [e for _, e in run.rounds() if e.round == "plain"]
+    assert len(spec) > len(plain)
+    tr = run.transitions()  # the once-only plain measurement at a width: gate, then resume
+    reasons = [e.reason or "" for _, e in run.events() if e.transition == "gate"]
+    assert "resume" in tr[tr.index("gate"):] and "measuring plain rounds" in reasons[0], (tr, reasons)
+    eng.close()
+
+
+@pytest.mark.parametrize("spec_cost, plain_at_end", [(6.0, True), (1.05, False)])
+def test_a_lone_request_follows_the_measured_choice_and_its_stream_holds(lm, prompts, clean, monkeypatch,
+                                                                         spec_cost, plain_at_end):
+    forced(monkeypatch, spec_cost)
+    eng = on(lm)
+    params = P(64, seed=9, t=0.8)
+    run = drive(eng, {0: [("a", prompts[5], params)]})
+    check_solo(lm, run)
+    rec = run.streams["a"].result
+    assert rec.stats["speculation"].startswith("plain") is plain_at_end, rec.stats["speculation"]
+    eng.close()
+
+
+def test_unpinned_real_round_times_every_stream_equals_solo(lm, prompts, clean):
+    eng = on(lm)
+    run = drive(eng, schedule(prompts, n=40))
+    check_solo(lm, run)
+    assert all(r.result.stats["speculation"] for r in run.streams.values())
+    eng.close()
+
+
+def test_an_explicit_k_is_obeyed_and_the_switch_turns_the_control_off(lm, clean):
+    assert on(lm, num_draft_tokens=2).spec.control is None
+    assert Engine(lm, EngineConfig(), switches=Switches(control=False)).spec.control is None
+    assert on(lm).spec.control is not None
