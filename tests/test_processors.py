@@ -200,3 +200,27 @@ def test_min_tokens_holds_eos_back(lm, prompts):
                        eos_ids={eos})
     assert spec.tokens == plain.tokens or compare_tokens(with_eos(lm, {eos}), prompt, plain.tokens, spec.tokens,
                                                          SamplingParams(max_tokens=24, seed=0, min_tokens=12)).ok
+
+
+# ---- SmolLM2 with its shipped head: both loops --------------------------------------------------
+def test_smollm2_penalties_and_logprobs_both_loops(smollm2):
+    """The real model: penalties, logit_bias and logprobs give the same tokens and logprobs
+    (within 1e-3) with speculation as without, in the scalar loop and in a speculating batch."""
+    lm = with_eos(smollm2.load("float32"), ())
+    chat = [lm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+            for q in ("List three colours.", "Write a haiku about rain.", "What is 7 times 8?")]
+    kws = [dict(repetition_penalty=1.3, logit_bias={28: 3.0}), dict(presence_penalty=0.8, frequency_penalty=0.4),
+           dict(repetition_penalty=1.1, repetition_context_size=4, frequency_penalty=1.0)]
+    temps = [0.0, 0.7, 0.0]
+    ps = [SamplingParams(max_tokens=20, temperature=t, seed=9 + i, logprobs=2, **kw)
+          for i, (t, kw) in enumerate(zip(temps, kws))]
+    spec = run_scalar(lm, chat[0], ps[0], k=3)
+    plain = run_scalar(lm, chat[0], ps[0], speculative=False)
+    c = compare_tokens(lm, chat[0], plain.tokens, spec.tokens, ps[0])
+    assert c.ok and spec.stats.num_drafted > 0
+    if c.equal:
+        np.testing.assert_allclose([t.logprob for t in spec.logprobs], [t.logprob for t in plain.logprobs], atol=1e-3)
+    run = drive(engine(lm, 0), {0: [(i, chat[i], ps[i]) for i in range(3)]})
+    assert check_solo(lm, run) <= 1
+    assert any(e.round.value == "speculative" for _, e in run.rounds())
+    check_logprobs(lm, run)
