@@ -1,10 +1,15 @@
-"""The command table and the one error boundary. Commands live in their own modules."""
+"""The command table and the one error boundary. Commands live in their own modules, imported
+only when their command runs (or its help is asked for): `gmlx --help` imports none of them."""
 
 from __future__ import annotations
 
+import ast
 import atexit
 import difflib
 import gc
+import importlib
+import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -13,22 +18,84 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from gmlx.errors import GmlxError
 from gmlx_cli import dist, ui
-from gmlx_cli.bench import bench
-from gmlx_cli.convert import convert
-from gmlx_cli.doctor import doctor
-from gmlx_cli.generate import generate
-from gmlx_cli.serve import serve
-from gmlx_cli.sweep import sweep_cap
+
+# name -> (module, function), in the order `gmlx --help` lists them
+COMMANDS = {
+    "generate": ("gmlx_cli.generate", "generate"),
+    "doctor": ("gmlx_cli.doctor", "doctor"),
+    "bench": ("gmlx_cli.bench", "bench"),
+    "sweep-cap": ("gmlx_cli.sweep", "sweep_cap"),
+    "train-default": ("gmlx_cli.app", "train_default"),
+    "convert": ("gmlx_cli.convert", "convert"),
+    "serve": ("gmlx_cli.serve", "serve"),
+}
+
+
+def docstring_of(module: str, function: str) -> str:
+    """A command's docstring read from its module's source, without importing the module (the
+    command modules import mlx-lm, pandas, matplotlib: seconds)."""
+    spec = importlib.util.find_spec(module)
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    return inspect.cleandoc(ast.get_docstring(node) or "")
+
+
+def build_command(name: str) -> TyperCommand:
+    """The real command: its module imported, its signature read by typer."""
+    module, function = COMMANDS[name]
+    one = typer.Typer(rich_markup_mode="rich", pretty_exceptions_enable=False, add_completion=False)
+    one.command(name)(getattr(importlib.import_module(module), function))
+    return typer.main.get_command(one)
+
+
+class LazyGroup(TyperGroup):
+    """The command group. Listed (`gmlx --help`, typo suggestions) from placeholders that carry
+    only the name and the docstring; a command's module is imported when the command is resolved."""
+
+    def __init__(self, **attrs) -> None:
+        super().__init__(**attrs)
+        for name, (module, function) in COMMANDS.items():
+            self.commands.setdefault(name, TyperCommand(name, help=docstring_of(module, function),
+                                                        rich_markup_mode=self.rich_markup_mode))
+        self._listing = False
+
+    def get_command(self, ctx, cmd_name: str):
+        cmd = self.commands.get(cmd_name)
+        if cmd is not None and not self._listing and cmd.callback is None and cmd_name in COMMANDS:
+            cmd = self.commands[cmd_name] = build_command(cmd_name)
+        return cmd
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # typer would turn it into a silent exit 130: say why the command ended
+            ui.error("interrupted")
+            raise typer.Exit(130) from None
+
+    def format_help(self, ctx, formatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
+    cls=LazyGroup,
     no_args_is_help=True,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
     help="Local speculative generation and benchmarking on MLX.",
 )
+
+
+@app.callback()
+def _root() -> None:
+    """Local speculative generation and benchmarking on MLX."""
 
 
 def train_default(
@@ -41,13 +108,6 @@ def train_default(
     train_main(["--out", str(out), "--minutes", str(minutes)])
 
 
-app.command()(generate)
-app.command()(doctor)
-app.command()(bench)
-app.command("sweep-cap")(sweep_cap)
-app.command("train-default")(train_default)
-app.command()(convert)
-app.command()(serve)
 
 
 def _debug_requested(args: Sequence[str]) -> bool:
@@ -62,6 +122,8 @@ def release_mlx_thread() -> None:
     """MLX requires every thread that used it, the main thread included, to destroy its streams
     before the interpreter finalises (mlx#4327); the engine thread does so itself. At exit, not
     at the end of main(): in-process callers (tests) keep using MLX after main() returns."""
+    if "mlx.core" not in sys.modules:  # `gmlx --help`, a usage error: MLX never started
+        return
     import mlx.core as mx
 
     mx.synchronize()

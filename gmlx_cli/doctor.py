@@ -8,11 +8,7 @@ import sys
 import gmlx
 from gmlx import blas
 from gmlx.config import EngineConfig, Switches
-from gmlx.engine import Engine
 from gmlx.errors import GmlxError
-from gmlx.models.gguf import describe_origin
-from gmlx.models.loading import default_model_path
-from gmlx.drafters.select import available
 from gmlx_cli import generate as _generate
 from gmlx_cli import ui
 from gmlx_cli.options import DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt
@@ -28,6 +24,8 @@ def _width_cap(engine) -> tuple[str, str]:
 
 
 def _drafter(lm, engine) -> str:
+    from gmlx.drafters.select import available
+
     others = [k for k in available(lm, engine.draft_lm) if k != getattr(engine.drafter, "kind", None)]
     also = f" (also available: {', '.join(others)})" if others else ""
     if engine.drafter is None:
@@ -43,6 +41,10 @@ def _drafter(lm, engine) -> str:
 def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: DrafterOpt = None,
            debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
     """Report platform, versions, the BLAS in use and the model's speculative defaults."""
+    from gmlx.engine import Engine  # mlx-lm (seconds): imported here, not for --help
+    from gmlx.models.gguf import describe_origin
+    from gmlx.models.loading import default_model_path
+
     active = blas.active_blas()
     hint = "" if blas.is_fast() else f"  [install a fast one: {blas.INSTALL_HINT}]"
     ui.kv_block(

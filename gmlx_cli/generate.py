@@ -6,12 +6,11 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gmlx import blas
 from gmlx.config import EngineConfig, SamplingParams
-from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
-from gmlx.models.loading import LoadedModel, load
 from gmlx.engine.stream import FinalRecord
 from gmlx_cli import dist, ui
 from gmlx_cli.options import (
@@ -34,7 +33,12 @@ from gmlx_cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    check_no_speculative,
 )
+
+if TYPE_CHECKING:  # the engine and the loader import mlx-lm: when a command runs, never for --help
+    from gmlx.engine import Engine
+    from gmlx.models.loading import LoadedModel
 
 
 class GenerationError(GmlxError):
@@ -43,7 +47,12 @@ class GenerationError(GmlxError):
 
 def _load_model(path: Path | None) -> LoadedModel:
     """The one place commands load a model; tests patch it to reuse a loaded model."""
-    return load(path)
+    from gmlx.models.loading import load
+
+    lm = load(path)
+    if (line := ui.slow_dtype_notice(lm)) is not None:
+        ui.notice(line)
+    return lm
 
 
 def read_prompt(prompt: str) -> str:
@@ -85,6 +94,7 @@ def generate(
         temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens, seed=seed,
         stop=tuple(stop or ()),
     ).validated()
+    check_no_speculative(speculative, drafter=drafter, draft_model=draft_model, num_draft_tokens=num_draft_tokens)
     config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens, drafter=drafter,
                           draft_model=str(draft_model) if draft_model else None).validated()
     cluster = dist.join(distributed)
@@ -93,13 +103,24 @@ def generate(
     # add a second, misleading "will result in indexing errors" line. Set after the load, which
     # is what configures transformers' logger.
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from gmlx.engine import Engine
+
     engine = (cluster.engine if cluster else Engine)(lm, config)
     for line in engine.notices:
         ui.notice(line)
     if speculative is None and not engine.speculative and not engine.notices:
         ui.notice(f"{lm.name} has no MTP or assistant head; decoding without speculation (--drafter ngram drafts"
                   " from the prompt, --draft-model PATH with a small model)")
-    record, k = _run(engine, chat_prompt(lm, text, chat), params, stream_text=not json_output)
+    seed_matters = seed is None and temp > 0  # a greedy run does not depend on its seed
+
+    def interrupted(partial: FinalRecord, k: int) -> None:  # Ctrl-C: the stats so far; then exit 130
+        if not json_output and partial.text and not partial.text.endswith("\n"):
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        render_stats(partial, lm, k, verbose=verbose, seed_drawn=seed_matters)
+
+    record, k = _run(engine, chat_prompt(lm, text, chat), params, stream_text=not json_output,
+                     on_interrupt=interrupted)
     if record.error:
         if not json_output and record.text:
             sys.stdout.write("\n")
@@ -109,7 +130,7 @@ def generate(
     else:
         if record.text and not record.text.endswith("\n"):
             sys.stdout.write("\n")
-        render_stats(record, lm, k, verbose=verbose, seed_drawn=seed is None)
+        render_stats(record, lm, k, verbose=verbose, seed_drawn=seed_matters)
     sys.stdout.flush()
 
 
@@ -124,8 +145,11 @@ def chat_prompt(lm: LoadedModel, text: str, chat: bool | None) -> str | list[int
     return list(lm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
 
 
-def _run(engine: Engine, text: str | list[int], params: SamplingParams, *, stream_text: bool) -> tuple[FinalRecord, int]:
-    """Submit one request, stream its text, close the engine; returns the record and the K used."""
+def _run(engine: Engine, text: str | list[int], params: SamplingParams, *, stream_text: bool,
+         on_interrupt=None) -> tuple[FinalRecord, int]:
+    """Submit one request, stream its text, close the engine; returns the record and the K used.
+    Ctrl-C: `on_interrupt(partial record, K)` (the tokens so far, finish reason "cancelled"), then
+    the KeyboardInterrupt goes on (gmlx_cli.app says "interrupted" and exits 130)."""
     try:
         stream = engine.submit(text, params)
         try:
@@ -133,7 +157,13 @@ def _run(engine: Engine, text: str | list[int], params: SamplingParams, *, strea
                 if stream_text and piece.text:
                     sys.stdout.write(piece.text)
                     sys.stdout.flush()  # stream as produced, also when piped
-        except BaseException:  # Ctrl-C, broken pipe: free the row at the next boundary
+        except KeyboardInterrupt:
+            stream.cancel()
+            engine.close()  # ends the request with its final record: what it generated so far
+            if on_interrupt is not None and stream.done:
+                on_interrupt(stream.result, engine.k)
+            raise
+        except BaseException:  # broken pipe, ...: free the row at the next boundary
             stream.cancel()
             raise
         return stream.result, engine.k
@@ -163,14 +193,16 @@ def as_json(record: FinalRecord, lm: LoadedModel, k: int) -> dict:
 
 def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool, seed_drawn: bool = False) -> None:
     """The stats block on stderr. A seed drawn at random is always shown: without it the run
-    cannot be repeated."""
+    cannot be repeated (the caller passes seed_drawn=False for a greedy run, which no seed changes)."""
     s = record.stats
     ttft = s.get("ttft_s")
     no_ttft = "- (ended at EOS before the first token)" if record.finish_reason == "stop" else "-"
     rows = [
         ("prompt", f"{s.get('prompt_tokens', len(record.prompt_tokens))} tokens"),
         ("TTFT", no_ttft if ttft is None else f"{ttft * 1000:.1f} ms"),
-        ("generation", f"{len(record.tokens)} tokens, {s.get('tokens_per_s', 0.0):.1f} tokens/s"),
+        ("generation", f"{len(record.tokens)} token{'' if len(record.tokens) == 1 else 's'}, "
+                       + ("- tokens/s (no decode interval after the first token)" if s.get("tokens_per_s") is None
+                          else f"{s['tokens_per_s']:.1f} tokens/s")),
     ]
     if record.speculative and not s.get("num_drafted", 0):
         rows.append(("acceptance rate", "- (nothing drafted)"))

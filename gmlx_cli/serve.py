@@ -9,12 +9,11 @@ import typer
 
 from gmlx import blas
 from gmlx.config import EngineConfig
-from gmlx.engine import Engine
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx_cli import dist, ui
 from gmlx_cli import generate as _gen
 from gmlx_cli.options import (DebugOpt, DistributedOpt, DrafterOpt, DraftModelOpt, ModelOpt, NumDraftOpt,
-                              SpeculativeOpt, WidthCapOpt)
+                              SpeculativeOpt, WidthCapOpt, check_no_speculative)
 
 _SERVER = "Server"
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only; 0.0.0.0:"
@@ -60,13 +59,14 @@ def serve(
         from gmlx.serve import create_app
         from gmlx.serve.server import Server, bind
     except ImportError as e:
-        raise MissingExtra(f"gmlx serve needs the web dependencies ({e.name} is missing): pip install 'gmlx[serve]'")
+        raise MissingExtra(f"gmlx serve needs the web dependencies ({e.name} is missing): {ui.install_extra('serve')}")
     if log_level not in _LOG_LEVELS:
         raise InvalidRequest(f"--log-level must be one of {', '.join(_LOG_LEVELS)}; got {log_level!r}")
     if api_key is not None and not api_key.strip():
         raise InvalidRequest("--api-key is empty; give a key or leave the option out")
     if not 0 <= port <= 65535:
         raise InvalidRequest(f"--port must be in 0..65535, got {port}")
+    check_no_speculative(speculative, drafter=drafter, draft_model=draft_model, num_draft_tokens=num_draft_tokens)
     config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens, drafter=drafter,
                           draft_model=str(draft_model) if draft_model else None, width_cap=speculative_width_cap,
                           max_queued=max_queued).validated()
@@ -78,6 +78,8 @@ def serve(
     try:
         lm = dist.load(cluster, model, _gen._load_model)  # the other ranks follow rank 0 in here until it ends
         logging.getLogger("transformers").setLevel(logging.ERROR)  # the engine checks prompt lengths itself
+        from gmlx.engine import Engine  # mlx-lm: imported when serving, not for --help
+
         engine = cluster.engine(lm, config) if cluster else Engine(lm, config)
         for line in engine.notices:
             ui.notice(line)

@@ -225,7 +225,9 @@ def test_engine_error_in_final_record_exits_1(monkeypatch):
         result = FinalRecord(request_id=0, prompt_tokens=[1], tokens=[], text="", finish_reason="error", seed=0,
                              speculative=True, error="RuntimeError: boom")
 
-    monkeypatch.setattr(gen_mod.Engine, "submit", lambda self, prompt, params: FailingStream())
+    from gmlx.engine import Engine  # generate imports it when it runs (not at import: --help stays fast)
+
+    monkeypatch.setattr(Engine, "submit", lambda self, prompt, params: FailingStream())
     assert_one_line_error(run("generate", "x", "--max-tokens", "2"), "generation failed: RuntimeError: boom")
 
 

@@ -38,7 +38,9 @@ TINY = ("--no-warmup", "--seed", "1")
 def model(lm, monkeypatch, tmp_path):
     """The session's model (tests may swap in a variant through `use`); a throwaway user config."""
     holder = {"lm": lm}
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: holder["lm"] if path is None else gen_mod.load(path))
+    from gmlx.models.loading import load
+
+    monkeypatch.setattr(gen_mod, "_load_model", lambda path: holder["lm"] if path is None else load(path))
     monkeypatch.setenv("GMLX_CONFIG", str(tmp_path / "config.toml"))
     for name in ("GMLX_MTP_PREEMPT", "GMLX_MTP_RESUME", "GMLX_MTP_WIDTH_CAP"):
         monkeypatch.delenv(name, raising=False)

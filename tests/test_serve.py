@@ -131,6 +131,7 @@ def test_models_health_and_metrics(srv):
               "gmlx:spec_decode_num_draft_tokens_total", "gmlx:spec_decode_num_accepted_tokens_total",
               "gmlx:spec_decode_num_drafts_total", "gmlx:transitions_total", "gmlx:speculative_width_cap"):
         assert n in names, n
+    assert "_created" not in text  # prometheus_client's creation-time series are left out
     m = srv.metrics()
     assert m[("gmlx:request_success_total", (("finished_reason", "length"),))] >= 1
     assert m[("gmlx:spec_decode_num_accepted_tokens_total", ())] <= m[("gmlx:spec_decode_num_draft_tokens_total", ())]

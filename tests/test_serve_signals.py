@@ -20,10 +20,11 @@ START_S = 120.0  # the model load on a shared 2-core machine
 LONG = {"prompt": "import os\n", "max_tokens": 900, "temperature": 0, "ignore_eos": True}
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(lines: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`lines`: filled with the server's stderr as it comes."""
     proc = subprocess.Popen([sys.executable, "-m", "gmlx_cli.app", "serve", "--port", "0", "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
+    lines = [] if lines is None else lines
     found = threading.Event()
 
     def read():
@@ -49,7 +50,8 @@ def wait_running(url: str, n: int, timeout: float = 30.0) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_ends_live_streams_cleanly_and_exits_0(sig):
-    proc, url = start_server()
+    stderr: list[str] = []
+    proc, url = start_server(stderr)
     try:
         plain: dict = {}
 
@@ -81,6 +83,12 @@ def test_a_signal_ends_live_streams_cleanly_and_exits_0(sig):
     assert plain["status"] == 200 and plain["body"]["choices"][0]["finish_reason"] == "cancelled"
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health", timeout=5)
+    # one line says the server stops and what that cancels (the two requests above)
+    deadline = time.monotonic() + 10  # the reader thread may still be behind the exited process
+    while not any("shutting down" in ln for ln in stderr) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [ln.strip() for ln in stderr if "shutting down" in ln] == [
+        f"gmlx: notice: shutting down ({sig.name}): 2 requests cancelled"]
 
 
 def test_cli_errors_are_one_line_before_the_model_load(monkeypatch):

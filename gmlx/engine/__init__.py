@@ -1,6 +1,14 @@
 """The engine: one step at a time (engine.py), as a thread-safe service (service.py), over the
 Row record (row.py), request intake, streams and metrics."""
 
-from gmlx.engine.engine import Engine
-
 __all__ = ["Engine"]
+
+
+def __getattr__(name: str):
+    """`Engine` on first use: engine.py pulls in mlx-lm, which the light modules here (stream,
+    metrics, row) do not need."""
+    if name == "Engine":
+        from gmlx.engine.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

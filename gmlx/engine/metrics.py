@@ -54,12 +54,14 @@ class RequestStats:
         return None if self.t_first_token is None else self.t_first_token - self.t_submit
 
     @property
-    def tokens_per_s(self) -> float:
-        """Decode rate after the first token: (generated - 1) / (end - first token)."""
+    def tokens_per_s(self) -> float | None:
+        """Decode rate after the first token: (generated - 1) / (end - first token). None when there
+        is no decode interval to measure (fewer than two tokens, or all of them in the first round),
+        rather than a rate of 0."""
         if self.t_first_token is None or self.t_end is None or self.num_generated < 2:
-            return 0.0
+            return None
         dt = self.t_end - self.t_first_token
-        return (self.num_generated - 1) / dt if dt > 0 else 0.0
+        return (self.num_generated - 1) / dt if dt > 0 else None
 
     def as_dict(self) -> dict:
         return {

@@ -256,13 +256,52 @@ def cache_root() -> Path:
 
 
 def cached_conversion(src: str | Path, dtype: str = "q") -> Path:
-    """The converted directory for a GGUF file, converting it on first use (`--model FILE.gguf`)."""
+    """The converted directory for a GGUF file, converting it on first use (`--model FILE.gguf`).
+
+    Keyed by the file's content (sha256; ~0.1-0.3 s for 100 MB) and the dtype, not by its path or
+    mtime: the same file installed into another virtualenv reuses the conversion. Writing a new
+    conversion removes the stale ones of the same file name (see `prune_stale`)."""
     src = Path(src).expanduser().resolve()
     if not src.is_file():
         raise GGUFError(f"GGUF file {str(src)!r} does not exist")
-    st = src.stat()
-    key = hashlib.sha256(f"{src.name}|{st.st_size}|{st.st_mtime_ns}|{dtype}".encode()).hexdigest()[:16]
-    out = cache_root() / "gguf" / f"{src.stem}-{dtype}-{key}"
+    if dtype not in DTYPES:
+        raise GGUFError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    sha = file_sha256(src)
+    out = cache_root() / "gguf" / f"{src.stem}-{dtype}-{sha[:16]}"
     if (out / "config.json").is_file():  # a finished conversion: directories appear only complete
         return out
-    return convert_gguf(src, out, dtype)
+    out = convert_gguf(src, out, dtype)
+    prune_stale(out)
+    return out
+
+
+def prune_stale(keep: Path) -> list[Path]:
+    """Remove the stale conversions beside `keep` of a file with the same name: the same content
+    and dtype under another key (the mtime-keyed caches before), or other content whose file is
+    gone or was replaced since (an old virtualenv's copy, an upgraded package), whatever the dtype.
+    Kept: other dtypes of this content, and conversions of a different file that is still in
+    place (another installation may be using it). Returns what was removed."""
+    mine = read_origin(keep)
+    if mine is None:
+        return []
+    removed = []
+    for d in keep.parent.iterdir():
+        if d == keep or not d.is_dir() or d.name.startswith("."):
+            continue
+        o = read_origin(d)
+        if o is None or o.get("source") != mine.get("source"):
+            continue
+        same_content = o.get("sha256") == mine.get("sha256")
+        if (same_content and o.get("dtype") == mine.get("dtype")) or (not same_content and not _source_unchanged(o)):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def _source_unchanged(o: dict) -> bool:
+    """Whether the file a conversion was made from is still there as it was (size and mtime)."""
+    try:
+        st = Path(str(o.get("source_path"))).stat()
+    except OSError:
+        return False
+    return st.st_size == o.get("size") and st.st_mtime == o.get("mtime")

@@ -99,7 +99,17 @@ def no_rollback_message(lm: LoadedModel) -> str:
 
 def check_model_dir(path: Path) -> None:
     if not path.exists():
-        raise ModelLoadError(f"model path {str(path)!r} does not exist (gmlx loads local directories only)")
+        accepts = ("a model is a local mlx-lm directory, a llama .gguf file or 'smollm2', and gmlx never"
+                   " downloads")
+        text = str(path)
+        parts = text.split("/")
+        if len(parts) == 2 and all(parts) and not text.startswith((".", "~")) and path.suffix.lower() != ".gguf":
+            # `org/repo`: a Hugging Face id, as mlx_lm.generate takes
+            raise ModelLoadError(
+                f"model path {text!r} does not exist; {accepts}: if it is a Hugging Face id, fetch it into a local"
+                f" directory first (mlx_lm.convert --hf-path {text} --mlx-path DIR, or huggingface-cli download"
+                f" {text} --local-dir DIR) and pass that directory")
+        raise ModelLoadError(f"model path {text!r} does not exist ({accepts})")
     if not path.is_dir():
         raise ModelLoadError(f"model path {str(path)!r} is not a directory")
     missing = []

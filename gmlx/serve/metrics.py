@@ -132,4 +132,18 @@ class ServeMetrics:
         self.rejected.labels(self.model, str(status)).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated:
+    """The registry's metrics without prometheus_client's `*_created` series (the time each
+    counter or histogram was created: noise to vLLM-style dashboards). Filtered here rather than
+    with `disable_created_metrics()`, which would change every registry in the process."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    def collect(self):
+        for metric in self.registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric

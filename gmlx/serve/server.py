@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -55,6 +56,10 @@ class Server(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:
         super().handle_exit(sig, frame)
+        if not self._stopping.is_set():  # the first signal: say what it ends (a second one forces the exit)
+            live = self.app.state.api.engine.service.open_streams
+            print(f"gmlx: notice: shutting down ({signal.Signals(sig).name}): {live} request"
+                  f"{'' if live == 1 else 's'} cancelled", file=sys.stderr, flush=True)
         self._begin_stop()
 
     def _begin_stop(self) -> None:
