@@ -161,12 +161,12 @@ def _run(engine: Engine, text: str | list[int], params: SamplingParams, *, strea
             stream.cancel()
             engine.close()  # ends the request with its final record: what it generated so far
             if on_interrupt is not None and stream.done:
-                on_interrupt(stream.result, engine.k)
+                on_interrupt(stream.result, engine.spec.ceiling(1))
             raise
         except BaseException:  # broken pipe, ...: free the row at the next boundary
             stream.cancel()
             raise
-        return stream.result, engine.k
+        return stream.result, engine.spec.ceiling(1)  # the K ceiling at width 1 (config, sweep-cap)
     finally:
         engine.close()
 
@@ -185,7 +185,8 @@ def as_json(record: FinalRecord, lm: LoadedModel, k: int) -> dict:
         "model": lm.name,
         "model_path": str(lm.path),
         "speculative": record.speculative,
-        "num_draft_tokens": k if record.speculative else None,
+        # the largest K a round of this request ran (None: none drafted), not a configured value
+        "num_draft_tokens": record.stats.get("max_draft_tokens") or None,
         "num_prompt_tokens": num_prompt,
         **stats,
     }
@@ -204,6 +205,8 @@ def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool,
                        + ("- tokens/s (no decode interval after the first token)" if s.get("tokens_per_s") is None
                           else f"{s['tokens_per_s']:.1f} tokens/s")),
     ]
+    if s.get("speculation"):  # what ran and why: the online control's decision, or the setting
+        rows.append(("speculation", s["speculation"]))
     if record.speculative and not s.get("num_drafted", 0):
         rows.append(("acceptance rate", "- (nothing drafted)"))
     elif record.speculative:
@@ -213,13 +216,14 @@ def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool,
             ("mean acceptance length", f"{s.get('mean_acceptance_length', 0.0):.2f} tokens/round"),
             ("rounds", str(s.get("num_rounds", 0))),
         ]
-    else:
+    elif not s.get("speculation"):
         rows.append(("speculation", "off"))
     if verbose:
         rows += [
             ("model", f"{lm.name} ({lm.path})"),
             ("BLAS", blas.active_blas()),
-            ("K (num_draft_tokens)", str(k) if record.speculative else "-"),
+            ("K (num_draft_tokens)", f"{s['max_draft_tokens']} (the most drafts a round ran; ceiling {k})"
+             if s.get("max_draft_tokens") else f"- (ceiling {k})" if record.speculative else "-"),
             ("mlx / mlx-lm", f"{ui.version_of('mlx')} / {ui.version_of('mlx-lm')}"),
             ("finish reason", record.finish_reason),
         ]

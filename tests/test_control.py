@@ -137,7 +137,7 @@ def test_forced_plain_the_batch_gates_and_every_stream_equals_solo(lm, prompts, 
     run = drive(eng, schedule(prompts))
     check_solo(lm, run)
     reasons = [e.reason or "" for _, e in run.events() if e.transition == "gate"]
-    assert any("no K pays (measured" in r for r in reasons), reasons
+    assert any("plain: best K=" in r and "(measured)" in r for r in reasons), reasons
     assert eng.spec.control.decided_plain(4)
     eng.close()
 

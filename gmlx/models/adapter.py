@@ -121,7 +121,7 @@ class Target:
 
 
 def _max_diff(a: mx.array, b: mx.array) -> float:
-    return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()  # sync: load-time checks only
+    return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()  # sync: at load time, the checks only
 
 
 def _parts(model: nn.Module, hidden_convention: str) -> tuple:

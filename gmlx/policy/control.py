@@ -101,6 +101,7 @@ class Choice:
     measured: bool  # both times measured here (not the cost model's figures)
     exploring: bool = False
     window: bool = False  # a plain round of the once-only plain measurement (speculation stays chosen)
+    best_spec: tuple[int, float] | None = None  # the best K >= 1 and its predicted gain (why plain)
 
     @property
     def reason(self) -> str:
@@ -110,7 +111,8 @@ class Choice:
         if self.exploring:
             return f"trying K={self.k} again (plain for a while; acceptance {self.alpha:.2f})"
         if self.k == 0:
-            return f"plain: no K pays ({src}; acceptance {self.alpha:.2f})"
+            alt = f"best K={self.best_spec[0]} predicted {self.best_spec[1]:.2f}x, " if self.best_spec else ""
+            return f"plain: {alt}acceptance {self.alpha:.2f} ({src})"
         times = (f", round {1e3 * self.round_s:.1f} ms vs plain {1e3 * self.plain_s:.1f} ms"
                  if self.round_s and self.plain_s else "")
         return f"K={self.k}: {self.gain:.2f}x predicted ({src}{times}, acceptance {self.alpha:.2f})"
@@ -187,7 +189,8 @@ class WidthControl:
         t0, tk, measured = self.times(best, costs)
         if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best`
             return Choice(0, 1.0, alpha, t0, None, measured, window=True)
-        return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring)
+        alt = (best_spec, gains[best_spec]) if best_spec else None
+        return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt)
 
     def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
         """k +- 1 while it has fewer than MIN_SAMPLES rounds measured and is predicted within

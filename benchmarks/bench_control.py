@@ -1,0 +1,114 @@
+"""Never lose (issue 19): the default engine (online control on) vs plain decoding vs the static
+setting (GMLX_CONTROL=0: the configured cap and K alone, the default before the control), at
+concurrency c = 1, 2, 4, 8, per model. Closed loop: c requests in flight until all are done;
+aggregate tokens/s = tokens / (last end - first submit); arms interleaved per repeat, the order
+alternating; ratios are medians of per-repeat ratios. No calibration: no user config, and the
+arms share this process's learnt figures exactly as a long-running server would.
+
+Run: ``python benchmarks/bench_control.py --models default,smollm2-f32,smollm2-q --concurrency 1,2,4,8``
+Writes bench_results/<utc>_control.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import gmlx  # noqa: F401  (OpenBLAS before mlx)
+
+from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.config import Switches
+from gmlx.data import load_prompts
+from gmlx.machine import describe
+from gmlx.models.loading import load
+
+from common import command_line, write_result
+
+ARMS = {
+    "plain": (EngineConfig(speculative=False), Switches(control=False)),
+    "default": (EngineConfig(), Switches(control=True)),
+    "static": (EngineConfig(), Switches(control=False)),
+}
+
+
+def model(name: str):
+    if name == "default":
+        return load()
+    if name == "micro":
+        from gmlx.testing.micro import micro_model
+
+        return micro_model()
+    from gmlx.models.smollm2 import converted
+
+    return load(converted("float32" if name == "smollm2-f32" else "q"))
+
+
+def closed_loop(lm, arm: str, prompts: list, c: int, max_tokens: int) -> dict:
+    config, switches = ARMS[arm]
+    eng = Engine(lm, config, switches=switches)
+    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
+    todo, live, recs = list(prompts), [], []
+    t0 = time.perf_counter()
+    while todo or live:
+        while todo and len(live) < c:
+            live.append(eng.submit(todo.pop(0), params, start=False))
+        eng.step()
+        for s in [s for s in live if s.done]:
+            live.remove(s)
+            recs.append(s.result)
+    dt = time.perf_counter() - t0
+    eng.close()
+    toks = sum(len(r.tokens) for r in recs)
+    drafted = sum(r.stats["num_drafted"] for r in recs)
+    return {"tok_s": toks / dt, "tokens": toks, "acc": sum(r.stats["num_accepted"] for r in recs) / drafted
+            if drafted else None, "speculation": recs[-1].stats.get("speculation", "")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="default,smollm2-f32,smollm2-q")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    a = ap.parse_args()
+    cs = [int(x) for x in a.concurrency.split(",")]
+    result = {"machine": describe(), "command": command_line("bench_control.py", a), "cells": []}
+    for name in a.models.split(","):
+        lm = model(name)
+        prompts = [lm.tokenizer.encode(p) for p in load_prompts()][: a.prompts]
+        for arm in ARMS:  # warm-up: kernels, the probe, the allocator
+            closed_loop(lm, arm, prompts[:2], 2, 8)
+        for c in cs:
+            reps = {arm: [] for arm in ARMS}
+            for rep in range(a.repeats):
+                for arm in (list(ARMS) if rep % 2 == 0 else list(reversed(ARMS))):
+                    r = closed_loop(lm, arm, prompts, c, a.max_tokens)
+                    reps[arm].append(r)
+                    print(f"{name} c={c} rep {rep} {arm:8s} {r['tok_s']:7.1f} tok/s acc {r['acc']}  {r['speculation']}",
+                          flush=True)
+            cell = {"model": name, "c": c,
+                    **{f"{arm}_tok_s": statistics.median(r["tok_s"] for r in reps[arm]) for arm in ARMS},
+                    "default_vs_plain": statistics.median(d["tok_s"] / p["tok_s"] for d, p in zip(reps["default"], reps["plain"])),
+                    "static_vs_plain": statistics.median(s["tok_s"] / p["tok_s"] for s, p in zip(reps["static"], reps["plain"])),
+                    "default_vs_best_fixed": statistics.median(
+                        d["tok_s"] / max(p["tok_s"], s["tok_s"]) for d, p, s in zip(reps["default"], reps["plain"], reps["static"])),
+                    "default_speculation": reps["default"][-1]["speculation"], "reps": reps}
+            result["cells"].append(cell)
+            print(f"== {name} c={c}: default/plain {cell['default_vs_plain']:.2f}  static/plain {cell['static_vs_plain']:.2f}"
+                  f"  default/best {cell['default_vs_best_fixed']:.2f}", flush=True)
+    path = write_result(a.out, "control", result)
+    lines = ["| model | c | plain tok/s | default tok/s | static tok/s | default/plain | static/plain | default/best fixed |",
+             "|---|---|---|---|---|---|---|---|"]
+    for x in result["cells"]:
+        lines.append(f"| {x['model']} | {x['c']} | {x['plain_tok_s']:.1f} | {x['default_tok_s']:.1f} | {x['static_tok_s']:.1f}"
+                     f" | {x['default_vs_plain']:.2f} | {x['static_vs_plain']:.2f} | {x['default_vs_best_fixed']:.2f} |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
