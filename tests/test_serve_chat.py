@@ -55,3 +55,52 @@ def test_a_conversation_and_text_parts(chat_srv):
     assert "<|im_start|>assistant\nParis.<|im_end|>" in text
     assert "<|im_start|>system\nAnswer in one word.<|im_end|>" in text  # developer is OpenAI's newer system
     assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_tool_calls_tool_messages_and_template_kwargs(chat_srv):
+    """As agents send them: an assistant turn with tool_calls and null content, the tool's answer,
+    `tools` and `chat_template_kwargs` for the template (the arguments JSON string becomes an object)."""
+    lm = chat_srv.engine.lm
+    convo = [{"role": "user", "content": "What is the weather in Paris?"},
+             {"role": "assistant", "content": None,
+              "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "22 C, sunny"}]}]
+    r = chat_srv.post("/v1/chat/completions", json={"messages": convo, "tools": TOOLS, "tool_choice": "auto",
+                                                   "chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 4,
+                                                   "temperature": 0, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    seen = [{"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "22 C, sunny", "tool_call_id": "c1"}]
+    want = lm.tokenizer.apply_chat_template(seen, tools=TOOLS, add_generation_prompt=True, tokenize=True)
+    assert r.json()["prompt_token_ids"] == list(want)
+    assert "<|im_start|>tool\n22 C, sunny<|im_end|>" in lm.tokenizer.decode(want)
+
+
+def test_chat_penalties_and_logprobs_equal_solo_plain(chat_srv):
+    import numpy as np
+
+    from gmlx.config import SamplingParams
+    from gmlx.testing import run_scalar
+    from numerics import compare_tokens
+
+    lm = chat_srv.engine.lm
+    body = {"messages": QUESTION, "max_tokens": 16, "temperature": 0, "seed": 0, "logprobs": True, "top_logprobs": 2,
+            "repetition_penalty": 1.2, "presence_penalty": 0.3, "logit_bias": {"28": 2.0}, "return_token_ids": True}
+    out = chat_srv.post("/v1/chat/completions", json=body).json()
+    ch = out["choices"][0]
+    p = SamplingParams(max_tokens=16, seed=0, logprobs=2, repetition_penalty=1.2, presence_penalty=0.3,
+                       logit_bias={28: 2.0})
+    ref = run_scalar(lm, out["prompt_token_ids"], p, speculative=False)
+    c = compare_tokens(lm, out["prompt_token_ids"], ref.tokens, ch["token_ids"], p)
+    assert c.ok, c
+    if c.equal:
+        assert ch["message"]["content"] == ref.text
+        np.testing.assert_allclose([e["logprob"] for e in ch["logprobs"]["content"]], [t.logprob for t in ref.logprobs],
+                                   atol=1e-3)
+    chat_srv.wait_idle()

@@ -33,15 +33,32 @@ BAD = [
     ("float seed", "completions", {**OK, "seed": 1.5}, "seed"),
     ("stop a number", "completions", {**OK, "stop": 5}, "stop"),
     ("empty stop string", "completions", {**OK, "stop": [""]}, "stop"),
-    ("n 2", "completions", {**OK, "n": 2}, "n"),
+    ("n 0", "completions", {**OK, "n": 0}, "n"),
+    ("n above the limit", "completions", {**OK, "n": 17}, "n"),
     ("stream a string", "completions", {**OK, "stream": "yes"}, "stream"),
     ("stream_options without stream", "completions", {**OK, "stream_options": {"include_usage": True}},
      "stream_options"),
     ("unknown stream option", "completions",
      {**OK, "stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
-    ("logprobs", "completions", {**OK, "logprobs": 2}, "logprobs"),
-    ("frequency_penalty", "completions", {**OK, "frequency_penalty": 0.5}, "frequency_penalty"),
-    ("echo", "completions", {**OK, "echo": True}, "echo"),
+    ("logprobs above the limit", "completions", {**OK, "logprobs": 21}, "logprobs"),
+    ("logprobs true on completions", "completions", {**OK, "logprobs": True}, "logprobs"),
+    ("frequency_penalty > 2", "completions", {**OK, "frequency_penalty": 2.5}, "frequency_penalty"),
+    ("presence_penalty < -2", "completions", {**OK, "presence_penalty": -3}, "presence_penalty"),
+    ("repetition_penalty < 0", "completions", {**OK, "repetition_penalty": -1.0}, "repetition_penalty"),
+    ("repetition_penalty a string", "completions", {**OK, "repetition_penalty": "1.2"}, "repetition_penalty"),
+    ("negative context size", "completions", {**OK, "repetition_context_size": -1}, "repetition_context_size"),
+    ("min_tokens past max_tokens", "completions", {**OK, "min_tokens": 5}, "min_tokens"),
+    ("logit_bias key not a token id", "completions", {**OK, "logit_bias": {"hello": 5}}, "logit_bias"),
+    ("logit_bias key outside the vocabulary", "completions", {**OK, "logit_bias": {"999999999": 5}}, "logit_bias"),
+    ("logit_bias value out of range", "completions", {**OK, "logit_bias": {"5": 500}}, "logit_bias"),
+    ("logit_bias a list", "completions", {**OK, "logit_bias": [5]}, "logit_bias"),
+    ("echo a string", "completions", {**OK, "echo": "yes"}, "echo"),
+    ("top_logprobs above the limit", "chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ("top_logprobs without logprobs", "chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+    ("chat_template_kwargs overriding tokenize", "chat/completions",
+     {**CHAT, "chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs.tokenize"),
+    ("tool_choice required", "chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("best_of 3", "completions", {**OK, "best_of": 3}, "best_of"),
     ("unknown field", "completions", {**OK, "foo": 1}, "foo"),
     ("top_k < 0", "completions", {**OK, "top_k": -1}, "top_k"),
@@ -50,7 +67,9 @@ BAD = [
     ("model a number", "completions", {**OK, "model": 7}, "model"),
     ("no messages", "chat/completions", {"max_tokens": 2}, "messages"),
     ("empty messages", "chat/completions", {**CHAT, "messages": []}, "messages"),
-    ("tool role", "chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("unknown role", "chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("tool message without its call id", "chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]},
+     "messages[0].tool_call_id"),
     ("image part", "chat/completions",
      {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0]"),
@@ -60,9 +79,9 @@ BAD = [
      "messages[0].tool_calls"),
     ("both budgets, different", "chat/completions", {**CHAT, "max_tokens": 5, "max_completion_tokens": 6},
      "max_tokens"),
-    ("tools", "chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("tools on a model without a template", "chat/completions",
+     {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("json mode", "chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
-    ("chat on a model without a template", "chat/completions", CHAT, "messages"),
 ]
 
 RAW = [  # bodies that are not JSON objects
@@ -130,11 +149,12 @@ def test_other_errors_are_error_objects(srv, queued):
 def test_the_openai_client_raises_typed_errors(srv, queued):
     client = srv.client()
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=srv.model, prompt="x", max_tokens=2, n=2)
+        client.completions.create(model=srv.model, prompt="x", max_tokens=2, n=17)
     assert e.value.param == "n" and "n" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert e.value.code == "chat_template_missing" and "/v1/completions" in e.value.message
+        client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    assert e.value.code == "chat_template_missing" and "chat template" in e.value.message
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert queued == []

@@ -12,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from gmlx.engine.row import Row
 from gmlx.kv import RaggedKVCache, extend_rows, extract_row, lift_caches, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
+from gmlx.processors import Context, apply, token_logprobs, unpack
 from gmlx.prompt_cache import PromptCache
+from gmlx.sampling import RowSampling
 
 
 def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, want_hidden: bool) -> mx.array | None:
@@ -75,6 +78,7 @@ class Prefiller:
 
     def prefill(self, row: Row, want_hidden: bool) -> Prefilled:
         row.stats.prompt_tokens = len(row.prompt)
+        score_prompt(self.target, row, self.step)
         hit = self.prompt_cache.lookup(row.prompt) if self.prompt_cache is not None else None
         if hit is None:
             return prefill_row(self.target, row, self.step, want_hidden)
@@ -84,6 +88,8 @@ class Prefiller:
         """Prefill several requests for the batch loop: those without a cached prefix together,
         in one right-padded forward per chunk (as mlx-lm's BatchGenerator), the others alone.
         Returns the rows in cache order, their per-layer ragged cache and their drafter inputs."""
+        for r in rows:
+            score_prompt(self.target, r, self.step)
         hits = {r.rid: self.prompt_cache.lookup(r.prompt) for r in rows} if self.prompt_cache is not None else {}
         fresh = [r for r in rows if hits.get(r.rid) is None]
         reused = [r for r in rows if hits.get(r.rid) is not None]
@@ -124,3 +130,28 @@ class Prefiller:
     def retire_batch_row(self, row: Row, batch_cache: list, i: int) -> None:
         if self.wants(row):
             self.retire(row, extract_row(batch_cache, i))
+
+
+def score_prompt(target: Target, row: Row, step: int) -> None:
+    """`row.prompt_logprobs` for a request that asked (echo with logprobs): each prompt token
+    after the first, scored by the distribution the sampler would use at its position (logits
+    processors included, as for generated tokens), top N alternatives included. One forward of
+    the whole prompt on a fresh cache, in chunks, apart from the prefill (whose prefix may come
+    from the prompt cache and which stops before the last token): echo costs a second prompt pass."""
+    n_top = row.params.prompt_logprobs
+    if n_top is None or row.prompt_logprobs is not None:
+        return
+    prompt = row.prompt
+    rs = RowSampling.from_params([row.params], [row.seed])
+    cache = target.make_cache()
+    out = []
+    for i in range(0, len(prompt) - 1, step):
+        chunk = prompt[i : i + step + 1]  # predicts prompt[i+1 : i+step+1]
+        logits, _ = target(mx.array([chunk[:-1]], dtype=mx.int32), cache)  # [1, L, V]
+        if rs.proc is not None and rs.proc.any_logits:  # position i+j sees prompt[:i+j+1]
+            dev = mx.array([chunk[1:-1]], dtype=mx.int32) if len(chunk) > 2 else None
+            logits = apply(logits, rs.proc, Context([row], [i + 1], dev))
+        nxt = mx.array([chunk[1:]], dtype=mx.int32)
+        block = token_logprobs(logits, nxt, n_top)
+        out.extend(unpack(np.array(block[0]), chunk[1:], n_top))  # sync: scoring is its own pass
+    row.prompt_logprobs = out

@@ -165,7 +165,11 @@ class Service:
         return stream is not None and stream.cancelled
 
     def deliver(self, row: Row, pieces: list[Piece]) -> None:
-        self._streams[row.rid]._put(pieces)
+        stream = self._streams[row.rid]
+        if row.prompt_logprobs is not None and stream.prompt_logprobs is None:
+            stream.prompt_tokens = list(row.prompt)  # with them, before the first pieces reach the reader
+            stream.prompt_logprobs = row.prompt_logprobs
+        stream._put(pieces)
 
     def finish(self, row: Row, error: str | None = None) -> None:
         """The row's final record ends its stream (once; later calls do nothing)."""

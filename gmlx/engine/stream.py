@@ -46,6 +46,8 @@ class Stream:
         self.seed = seed
         self._on_cancel = on_cancel
         self.delivered = 0  # pieces handed to this stream so far (engine side)
+        self.prompt_logprobs: list | None = None  # echo's prompt logprobs, set before the first pieces
+        self.prompt_tokens: list[int] | None = None  # set with them
         self._q: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._cancel = threading.Event()

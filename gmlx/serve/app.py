@@ -32,9 +32,10 @@ from starlette.routing import Route
 
 import mlx.core as mx
 
+from gmlx.engine import intake
 from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.errors import EngineClosed, GmlxError, InvalidRequest, Overloaded
-from gmlx.serve.bridge import EventStream, Pump, watch_disconnect
+from gmlx.serve.bridge import EventStream, Pumps, watch_disconnect
 from gmlx.serve.metrics import CONTENT_TYPE, ServeMetrics
 from gmlx.serve.protocol import ApiError, GenRequest, bad, parse_chat, parse_completion
 from gmlx.serve.responses import DONE, Reply, sse
@@ -86,16 +87,35 @@ class Api:
     def _too_large(self) -> ApiError:
         return ApiError(413, f"the request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
 
-    def _submit(self, req: GenRequest) -> Stream:
-        """In a worker thread: render the chat template, tokenise and queue (all before any
-        engine state changes, so a 400 here leaves nothing queued)."""
+    def _submit(self, req: GenRequest) -> tuple[list[Stream], str | None]:
+        """In a worker thread: render the chat template, tokenise and queue the request's `n`
+        choices (all before any engine state changes, so a 400 here leaves nothing queued: the
+        choices differ only in their seeds, so the first submit refuses what any would; one that
+        fails later, e.g. on a full queue, cancels those already queued). Returns the streams and,
+        for a completion with `echo`, the prompt's text."""
         lm = self.engine.lm
         prompt, params = req.prompt, req.params
         if req.kind == "chat":
-            prompt = render_chat(lm, req.messages)
+            prompt = render_chat(lm, req.messages, req.tools, req.chat_template_kwargs, req.role_mapping)
             params = req.with_prompt_length(len(prompt), lm.context_length)
+        echo = None
+        if req.echo:
+            echo = prompt if isinstance(prompt, str) else None
+        streams: list[Stream] = []
         try:
-            return self.engine.submit(prompt, params)
+            for i in range(req.n):
+                streams.append(self.engine.submit(prompt, req.choice_params(params, i)))
+        except BaseException:
+            for s in streams:
+                s.cancel()
+            raise
+        if req.echo and echo is None:
+            echo = lm.tokenizer.decode(list(prompt))
+        return streams, echo
+
+    def _queue(self, req: GenRequest) -> tuple[list[Stream], str | None]:
+        try:
+            return self._submit(req)
         except InvalidRequest as e:  # the prompt against the vocabulary and the context
             raise bad(str(e), _blame(str(e), req)) from None
         except Overloaded:
@@ -109,58 +129,106 @@ class Api:
     # ---- generation --------------------------------------------------------------------
     async def generate(self, request: Request, req: GenRequest) -> Response:
         t0 = time.perf_counter()
-        stream = await anyio.to_thread.run_sync(self._submit, req)
-        pump = Pump(stream, asyncio.get_running_loop())
-        reply = Reply.new(req)
+        streams, echo = await anyio.to_thread.run_sync(self._queue, req)
+        pumps = Pumps(streams, asyncio.get_running_loop())
+        reply = Reply.new(req, self.engine.lm.tokenizer, echo)
         if req.stream:
-            return EventStream(self._events(reply, pump, t0), stream.cancel)
+            return EventStream(self._events(reply, pumps, t0), pumps.cancel)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watch_disconnect, request.receive, stream.cancel)
-            rec = await pump.result()
+            tg.start_soon(watch_disconnect, request.receive, pumps.cancel)
+            recs = await pumps.results()
             tg.cancel_scope.cancel()
-        self._finished(rec, t0)
-        if rec.finish_reason == "error":
-            raise ApiError(500, f"generation failed: {rec.error}", type="server_error", code="generation_failed")
-        return JSONResponse(reply.full(rec))
+        for rec in recs:
+            self._finished(rec, t0)
+        failed = next((rec for rec in recs if rec.finish_reason == "error"), None)
+        if failed is not None:
+            raise ApiError(500, f"generation failed: {failed.error}", type="server_error", code="generation_failed")
+        return JSONResponse(reply.full(recs))
 
-    async def _events(self, reply: Reply, pump: Pump, t0: float):
+    async def _events(self, reply: Reply, pumps: Pumps, t0: float):
+        req = reply.req
         if reply.chat:
-            yield reply.chunk(role=True)
-        async for pieces, rec in pump.batches():
+            for i in range(req.n):
+                yield reply.chunk(role=True, index=i)
+        recs: list[FinalRecord | None] = [None] * req.n
+        sent = [0] * req.n  # characters of each choice's text sent so far (logprobs' text_offset)
+        started = [False] * req.n
+        failed = False
+        async for i, pieces, rec in pumps.batches():
+            if req.echo and not started[i]:
+                started[i] = True
+                prompt_lps = pumps.streams[i].prompt_logprobs or (rec.prompt_logprobs if rec is not None else None)
+                prompt_ids = rec.prompt_tokens if rec is not None else pumps.streams[i].prompt_tokens
+                yield reply.echo_chunk(i, prompt_ids, prompt_lps)
+                sent[i] += len(reply.echo_text or "")
             text = "".join(p.text for p in pieces)
             ids = [p.token for p in pieces if p.token >= 0]
-            if text or (ids and reply.req.return_token_ids):
-                yield reply.chunk(text, ids)
+            if text or (ids and (req.return_token_ids or reply.wants_logprobs)):
+                lps = [p.logprob for p in pieces if p.token >= 0 and p.logprob is not None]
+                yield reply.chunk(text, ids, index=i, logprobs=lps, offset=sent[i])
+                sent[i] += len(text)
             if rec is None:
                 continue
             self._finished(rec, t0)
+            recs[i] = rec
             if rec.finish_reason == "error":
+                failed = True
                 yield sse(ApiError(500, f"generation failed: {rec.error}", type="server_error",
                                    code="generation_failed").body())
             else:
-                yield reply.chunk(record=rec)
-                if reply.req.include_usage:
-                    yield reply.usage_chunk(rec)
+                yield reply.chunk(record=rec, index=i)
+        if req.include_usage and not failed:
+            yield reply.usage_chunk(recs)
         yield DONE
 
     def _finished(self, rec: FinalRecord, t0: float) -> None:
         self.metrics.finished(rec, time.perf_counter() - t0)
 
 
-def render_chat(lm, messages: list[dict]) -> list[int]:
-    """The prompt's token ids through the tokenizer's chat template, ready for the assistant's turn."""
+# mlx_lm.server's role prefixes for a model without a chat template (its `convert_chat`)
+DEFAULT_ROLE_MAPPING = {
+    "system_prompt": ("A chat between a curious user and an artificial intelligence assistant. The assistant"
+                      " follows the given rules no matter what."),
+    "system": "ASSISTANT's RULE: ", "user": "USER: ", "assistant": "ASSISTANT: ", "stop": "\n",
+}
+
+
+def role_prefixed(messages: list[dict], role_mapping: dict | None = None) -> str:
+    """mlx_lm.server's fallback prompt for a model without a chat template: each message as its
+    role's prefix, its content and the stop string, then the assistant's prefix (right-stripped).
+    Tool messages and tool calls have no prefix there: their content is kept, their calls dropped."""
+    rm = role_mapping or DEFAULT_ROLE_MAPPING
+    prompt = ""
+    for m in messages:
+        prompt += f"{rm.get(m['role'], '')}{m.get('content', '')}{rm.get('stop', '')}"
+    prompt += rm.get("assistant", "")
+    return prompt.rstrip()
+
+
+def render_chat(lm, messages: list[dict], tools: list | None = None, template_kwargs: dict | None = None,
+                role_mapping: dict | None = None) -> list[int]:
+    """The prompt's token ids through the tokenizer's chat template, ready for the assistant's turn
+    (`tools` and `template_kwargs` passed to the template). A model without a chat template (a
+    base or code model) gets mlx_lm.server's role prefixes instead (`role_prefixed`); tools then
+    are a 400, since nothing would show them to the model."""
     tok = lm.tokenizer
     if not getattr(tok, "has_chat_template", False):
-        raise bad(f"the model `{lm.name}` has no chat template (a base or code model); use /v1/completions with a"
-                  " plain prompt", "messages", "chat_template_missing")
+        if tools:
+            raise bad(f"the model `{lm.name}` has no chat template, so it cannot be given `tools`", "tools",
+                      "chat_template_missing")
+        return intake.tokenize(lm, role_prefixed(messages, role_mapping))
+    extra = {"tools": tools} if tools else {}
     try:
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra,
+                                      **(template_kwargs or {}))
     except Exception as e:  # the template's own checks (e.g. roles must alternate): the request is at fault
         raise bad(f"the chat template rejected the messages: {type(e).__name__}: {e}", "messages") from None
     return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
 def _blame(message: str, req: GenRequest) -> str | None:
+    if message.startswith("logit_bias"):
+        return "logit_bias"
     if "max_tokens" in message:
         return "max_completion_tokens" if req.kind == "chat" and req.max_tokens is None else "max_tokens"
     if "prompt" in message:

@@ -41,16 +41,19 @@ from gmlx.engine.stream import FinalRecord, Stream
 class Pump:
     """One request's pieces, moved from its engine Stream onto the event loop by a thread."""
 
-    def __init__(self, stream: Stream, loop: asyncio.AbstractEventLoop):
+    def __init__(self, stream: Stream, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue | None = None,
+                 tag: int | None = None):
+        """`queue`, `tag`: post (tag, item) into a queue shared with other pumps (Pumps)."""
         self.stream = stream
         self._loop = loop
-        self._q: asyncio.Queue = asyncio.Queue()
+        self._q: asyncio.Queue = queue if queue is not None else asyncio.Queue()
+        self._tag = tag
         self._thread = threading.Thread(target=self._run, name=f"gmlx-serve-pump-{stream.request_id}", daemon=True)
         self._thread.start()
 
     def _post(self, item) -> bool:
         try:
-            self._loop.call_soon_threadsafe(self._q.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._q.put_nowait, item if self._tag is None else (self._tag, item))
             return True
         except RuntimeError:  # the loop is closed: nobody will read this request any more
             return False
@@ -80,6 +83,49 @@ class Pump:
             if record is not None:
                 return record
         raise AssertionError("a pump ends with its final record")
+
+
+class Pumps:
+    """The n streams of one request (its choices) onto one event-loop queue, a pump thread each."""
+
+    def __init__(self, streams: list[Stream], loop: asyncio.AbstractEventLoop):
+        self.streams = streams
+        self._q: asyncio.Queue = asyncio.Queue()
+        self.pumps = [Pump(s, loop, self._q, i) for i, s in enumerate(streams)]
+
+    def cancel(self) -> None:
+        for s in self.streams:
+            s.cancel()
+
+    async def batches(self) -> AsyncIterator[tuple[int, list[Piece], FinalRecord | None]]:
+        """(choice, pieces, None) while it runs, then (choice, last pieces, final record) once per
+        choice; whatever has accumulated is taken at once, grouped by choice in arrival order."""
+        live = len(self.streams)
+        while live:
+            items = [await self._q.get()]
+            while not self._q.empty():
+                items.append(self._q.get_nowait())
+            order: list[int] = []
+            pieces: dict[int, list[Piece]] = {}
+            records: dict[int, FinalRecord] = {}
+            for tag, item in items:
+                if tag not in pieces:
+                    order.append(tag)
+                    pieces[tag] = []
+                if isinstance(item, FinalRecord):
+                    records[tag] = item
+                else:
+                    pieces[tag].append(item)
+            for tag in order:
+                yield tag, pieces[tag], records.get(tag)
+            live -= len(records)
+
+    async def results(self) -> list[FinalRecord]:
+        recs: list[FinalRecord | None] = [None] * len(self.streams)
+        async for i, _, record in self.batches():
+            if record is not None:
+                recs[i] = record
+        return recs  # type: ignore[return-value]
 
 
 async def watch_disconnect(receive: Callable, on_disconnect: Callable[[], None]) -> None:
