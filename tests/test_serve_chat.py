@@ -104,3 +104,42 @@ def test_chat_penalties_and_logprobs_equal_solo_plain(chat_srv):
         np.testing.assert_allclose([e["logprob"] for e in ch["logprobs"]["content"]], [t.logprob for t in ref.logprobs],
                                    atol=1e-3)
     chat_srv.wait_idle()
+
+
+SYSTEM_HELLO = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello!"}]
+# The request bodies of mlx_lm.server's own test suite (its tests/test_server.py), "model" left out
+PEER_REQUESTS = [
+    ("completions", {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0.5, "top_p": 0.9,
+                     "repetition_penalty": 1.1, "repetition_context_size": 20, "seed": 999, "stop": "stop sequence"}),
+    ("chat/completions", {"max_tokens": 10, "temperature": 0.7, "top_p": 0.85, "repetition_penalty": 1.2,
+                          "messages": SYSTEM_HELLO}),
+    ("chat/completions", {"max_tokens": 10, "temperature": 0.7, "top_p": 0.85, "repetition_penalty": 1.2,
+                          "messages": [{"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
+                                       {"role": "user", "content": [{"type": "text", "text": "Hello!"}]}]}),
+    ("chat/completions", {"max_tokens": 10, "temperature": 0.7, "top_p": 0.85, "repetition_penalty": 1.2,
+                          "messages": [{"role": "user", "content": "what is 2+3?"},
+                                       {"role": "assistant", "content": None, "tool_calls": [
+                                           {"type": "function", "id": "123",
+                                            "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+                                       {"role": "tool", "content": "5", "tool_call_id": "123"}]}),
+    ("completions", {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0.0, "top_p": 1.0}),
+    ("chat/completions", {"max_tokens": 10, "temperature": 0.0, "messages": SYSTEM_HELLO}),
+    ("chat/completions", {"max_tokens": 10, "temperature": 0.0, "stream": True, "messages": SYSTEM_HELLO}),
+    ("chat/completions", {"max_tokens": 5, "temperature": 0.0, "messages": [SYSTEM_HELLO[0],
+                                                                          {"role": "user", "content": "Tell me a story about"}]}),
+    ("chat/completions", {"max_tokens": 5, "temperature": 0.0,
+                          "messages": [SYSTEM_HELLO[0], {"role": "user", "content": "Tell me a story about dragons."}]}),
+]
+
+
+@pytest.mark.parametrize("endpoint,body", PEER_REQUESTS, ids=[f"{i}" for i in range(len(PEER_REQUESTS))])
+def test_a_peer_servers_requests_are_served(chat_srv, endpoint, body):
+    r = chat_srv.post(f"/v1/{endpoint}", json=body)
+    assert r.status_code == 200, r.text
+    if body.get("stream"):
+        assert r.text.rstrip().endswith("data: [DONE]")
+        return
+    out = r.json()
+    assert out["choices"] and out["usage"]["completion_tokens"] > 0
+    if "seed" in body:  # seeded: the same answer twice
+        assert chat_srv.post(f"/v1/{endpoint}", json=body).json()["choices"][0]["text"] == out["choices"][0]["text"]
