@@ -23,6 +23,15 @@ def _width_cap(engine) -> tuple[str, str]:
     return d.text, d.source + (f"; {d.notice}" if d.notice else "")
 
 
+def _k_by_width(engine) -> str:
+    """The K ceiling that runs at each width (explicit, user config / sweep-cap, or the model's
+    default), and where it comes from: what `generate -v` and bench's rounds then show."""
+    d = engine.caps.current
+    ks = ", ".join(f"width {w}: {engine.spec.ceiling(w)}" for w in (1, 2, 4, 8))
+    src = ("user config (sweep-cap --write)" if d.k_by_width else f"model default ({engine.lm.default_k})")
+    return f"{ks} ({src}; the online control may run fewer, or none)"
+
+
 def _drafter(lm, engine) -> str:
     from gmlx.drafters.select import available
 
@@ -72,7 +81,8 @@ def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: D
             ("origin", describe_origin(lm.path) or "mlx-lm model directory"),
             ("drafter", _drafter(lm, engine)),
             ("target", f"{'routed-expert (MoE)' if lm.is_moe else 'dense'}, hidden {lm.target.hidden_convention}"),
-            ("num_draft_tokens", f"{lm.default_k} (model default)" if engine.speculative else f"{lm.default_k} (unused)"),
+            ("num_draft_tokens", _k_by_width(engine) if engine.speculative else f"{lm.default_k} (unused)"),
+            ("speculation", engine.spec.summary()),
             ("speculative_width_cap", f"{cap} ({cap_source})"),
             ("context length", "unknown" if lm.context_length is None else f"{lm.context_length} tokens"),
         ],

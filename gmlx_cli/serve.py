@@ -84,7 +84,7 @@ def serve(
         for line in engine.notices:
             ui.notice(line)
         app = create_app(engine, model_name=served_model_name, api_key=api_key)
-        mode = f"speculative, cap {engine.cap_decision()}" if engine.speculative else "plain decode"
+        mode = engine.spec.summary()
         where = f"http://{host}:{sock.getsockname()[1]}/v1"
         ui.notice(f"serving {app.state.api.model_name} ({mode}) on {where}" + (" (API key required)" if api_key else ""))
         Server(app, log_level=log_level).serve_socket(sock)

@@ -8,6 +8,7 @@ from engine_helpers import P, check_solo, drive
 from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.engine import speculation
+from gmlx.engine.metrics import EventKind
 from gmlx.policy import control
 from gmlx.policy.control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, Acceptance, Controller
 from gmlx.policy.costs import Costs
@@ -139,6 +140,13 @@ def test_forced_plain_the_batch_gates_and_every_stream_equals_solo(lm, prompts, 
     reasons = [e.reason or "" for _, e in run.events() if e.transition == "gate"]
     assert any("plain: best K=" in r and "(measured)" in r for r in reasons), reasons
     assert eng.spec.control.decided_plain(4)
+    said = [e for _, e in run.events() if e.kind is EventKind.DECISION]  # said out loud, once per switch
+    assert said and eng.counters.control_switches == len(said) and any("plain" in e.reason for e in said)
+    from gmlx.serve.metrics import EngineCollector
+
+    text = {m.name: m for m in EngineCollector(eng, "m").collect()}
+    assert text["gmlx:control_switches"].samples[0].value == len(said)
+    assert any(s.labels["width"] == "4" and s.value == 0 for s in text["gmlx:speculation_k"].samples)
     eng.close()
 
 

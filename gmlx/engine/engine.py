@@ -260,6 +260,9 @@ class Engine:
         results = self._run(kind, len(rows))
         now = time.perf_counter()
         self.spec.observe(kind, len(rows), now - t0, results, self.scalar.last_k)
+        for width, why in self.spec.switched():
+            self.counters.control_switches += 1
+            self._emit_event(lambda: Event(EventKind.DECISION, self.mode, width, reason=why))
         per_row = tuple(self._deliver(row, res, now) for row, res in zip(rows, results))
         self.counters.rounds += 1
         self.counters.syncs += 1

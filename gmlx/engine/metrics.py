@@ -85,6 +85,7 @@ class EventKind(Enum):
     ROUND = "round"
     TRANSITION = "transition"
     FINISH = "finish"
+    DECISION = "decision"  # the online control switched a width between plain and speculative (reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +113,13 @@ class Counters:
     accepted: int = 0
     syncs: int = 0
     listener_errors: int = 0  # listeners that raised (each was removed)
+    control_switches: int = 0  # the online control's plain <-> speculative switches (gmlx/policy/control.py)
     transitions: dict[Transition, int] = field(default_factory=lambda: dict.fromkeys(Transition, 0))
 
     def snapshot(self) -> dict:
         return {"rounds": self.rounds, "tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted,
                 "syncs": self.syncs, "listener_errors": self.listener_errors,
+                "control_switches": self.control_switches,
                 **{f"transition_{k.value}": v for k, v in self.transitions.items()}}
 
 

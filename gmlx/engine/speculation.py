@@ -66,6 +66,24 @@ class Speculation:
         steady = seconds if _TIMED.get(kind, False) else None
         self.control.observe(width, k, steady, [(r.drafted, r.accepted) for r in results])
 
+    def summary(self, widths=(1, 2, 4, 8)) -> str:
+        """The setting in one line, before anything runs (serve's start line, doctor)."""
+        if self.drafter is None:
+            return "plain decode (no drafter)"
+        cap = self.caps.current
+        ks = ", ".join(f"{w}: {self.ceiling(w) if cap.allows(w) or w == 1 else 'plain'}" for w in widths)
+        how = ("explicit K, always speculates" if self.explicit_k is not None else
+               "online control on: K and plain vs speculative chosen per width from measured rounds"
+               if self.control is not None else "online control off (GMLX_CONTROL=0)")
+        return f"speculative ({self.drafter.kind}), cap {cap}, K ceiling by width {{{ks}}}; {how}"
+
+    def switched(self) -> list[tuple[int, str]]:
+        """The control's plain <-> speculative switches since the last call: (width, reason)."""
+        if self.control is None or not self.control.switched:
+            return []
+        out, self.control.switched = self.control.switched, []
+        return out
+
     def describe(self, width: int) -> str:
         """What runs at this width and why, in one line."""
         if self.drafter is None:

@@ -236,6 +236,7 @@ class Controller:
         self.drafter_kind = drafter_kind
         self.widths: dict[int, WidthControl] = {}
         self.switches = 0  # times a width's choice changed between plain and speculative
+        self.switched: list[tuple[int, str]] = []  # (width, reason) of switches not yet reported
         self.last: dict[int, Choice] = {}
 
     def at(self, width: int) -> WidthControl:
@@ -252,8 +253,9 @@ class Controller:
         wc = self.at(width)
         before = wc.current
         choice = wc.choose(max_k, self.costs, acceptance)
-        if before is not None and (before == 0) != (choice.k == 0):
+        if before is not None and (before == 0) != (wc.current == 0):  # a plain window is no switch
             self.switches += 1
+            self.switched.append((width, choice.reason))
         self.last[bucket(width)] = choice
         return choice
 

@@ -17,7 +17,9 @@ served model as the `model_name` label:
 and gmlx's own: `gmlx:transitions_total{transition}` (start_scalar, form_batch, preempt, gate,
 resume, capture; the engine's counters), `gmlx:speculative_width_cap` (the cap in force: N, 0 =
 uncapped, -1 = off; its source as a label), `gmlx:engine_rounds_total`, and
-`gmlx:http_rejected_total{status}` (requests answered with an error before reaching the engine).
+`gmlx:http_rejected_total{status}` (requests answered with an error before reaching the engine),
+`gmlx:control_switches_total` and `gmlx:speculation_k{width,reason}` (the online control's choice
+per width: gmlx/policy/control.py).
 
 The engine-side listener runs on the engine thread inside every step, so it only updates a dict
 and prometheus_client's (thread-safe) histograms: microseconds, no device sync, no lock held
@@ -26,6 +28,8 @@ round sees the round or not).
 """
 
 from __future__ import annotations
+
+import sys
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -79,6 +83,19 @@ class EngineCollector:
                               labels=["model_name", "source"])
         g.add_metric([self.model, cap.source], -1 if cap.cap is None else cap.cap)
         yield g
+        sw = CounterMetricFamily("gmlx:control_switches", "The online control's plain <-> speculative switches.",
+                                 labels=["model_name"])
+        sw.add_metric(m, c.control_switches)
+        yield sw
+        # The K in force per width (0: plain), as the online control last chose it; the reason is a
+        # label (a gauge per width that ran, so a dashboard sees speculation stop and resume).
+        ctl = getattr(getattr(eng, "spec", None), "control", None)
+        if ctl is not None:
+            k = GaugeMetricFamily("gmlx:speculation_k", "Drafts per round in force per width (0: plain).",
+                                  labels=["model_name", "width", "reason"])
+            for width, choice in sorted(ctl.last.items()):
+                k.add_metric([self.model, str(width), choice.reason], choice.k)
+            yield k
 
 
 class ServeMetrics:
@@ -116,6 +133,8 @@ class ServeMetrics:
                     self._last_emit[rid] = ev.time
             if drafted_rows:
                 self.drafts.labels(self.model).inc(drafted_rows)
+        elif ev.kind is EventKind.DECISION:  # said once per switch, on stderr like the other notices
+            print(f"gmlx: notice: width {ev.width}: {ev.reason}", file=sys.stderr, flush=True)
         elif ev.kind is EventKind.FINISH:
             self._last_emit.pop(ev.rid, None)
             if ev.stats and ev.stats.get("ttft_s") is not None:
