@@ -23,6 +23,13 @@ from gmlx_cli.options import (
     JsonOpt,
     MaxTokensOpt,
     MinPOpt,
+    FrequencyPenaltyOpt,
+    LogitBiasOpt,
+    LogprobsOpt,
+    MinTokensOpt,
+    PresencePenaltyOpt,
+    RepetitionContextOpt,
+    RepetitionPenaltyOpt,
     ModelOpt,
     NumDraftOpt,
     PromptArg,
@@ -34,6 +41,8 @@ from gmlx_cli.options import (
     TopPOpt,
     VerboseOpt,
     check_no_speculative,
+    logprobs_json,
+    parse_logit_bias,
 )
 
 if TYPE_CHECKING:  # the engine and the loader import mlx-lm: when a command runs, never for --help
@@ -71,6 +80,13 @@ def generate(
     top_p: TopPOpt = D.top_p,
     top_k: TopKOpt = D.top_k,
     min_p: MinPOpt = D.min_p,
+    repetition_penalty: RepetitionPenaltyOpt = D.repetition_penalty,
+    repetition_context_size: RepetitionContextOpt = D.repetition_context_size,
+    presence_penalty: PresencePenaltyOpt = D.presence_penalty,
+    frequency_penalty: FrequencyPenaltyOpt = D.frequency_penalty,
+    logit_bias: LogitBiasOpt = None,
+    min_tokens: MinTokensOpt = D.min_tokens,
+    logprobs: LogprobsOpt = None,
     seed: SeedOpt = None,
     stop: StopOpt = None,
     num_draft_tokens: NumDraftOpt = None,
@@ -92,8 +108,13 @@ def generate(
     # Validate everything cheap before loading the model: a typo should not cost a load.
     params = SamplingParams(
         temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, max_tokens=max_tokens, seed=seed,
-        stop=tuple(stop or ()),
+        stop=tuple(stop or ()), repetition_penalty=repetition_penalty,
+        repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias), min_tokens=min_tokens,
+        logprobs=logprobs,
     ).validated()
+    if logprobs is not None and not json_output:
+        raise InvalidRequest("--logprobs is reported in the --json output; add --json")
     check_no_speculative(speculative, drafter=drafter, draft_model=draft_model, num_draft_tokens=num_draft_tokens)
     config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens, drafter=drafter,
                           draft_model=str(draft_model) if draft_model else None).validated()
@@ -188,6 +209,7 @@ def as_json(record: FinalRecord, lm: LoadedModel, k: int) -> dict:
         # the largest K a round of this request ran (None: none drafted), not a configured value
         "num_draft_tokens": record.stats.get("max_draft_tokens") or None,
         "num_prompt_tokens": num_prompt,
+        **({"logprobs": logprobs_json(record, lm.tokenizer)} if record.logprobs is not None else {}),
         **stats,
     }
 

@@ -89,6 +89,67 @@ SpeculativeOpt = Annotated[
         rich_help_panel=_SPEC,
     ),
 ]
+RepetitionPenaltyOpt = Annotated[
+    float, typer.Option("--repetition-penalty", help="Multiplicative penalty on tokens in the last"
+                        " --repetition-context-size tokens, as mlx-lm (0 or 1 = off).", rich_help_panel=_SAMPLING)
+]
+RepetitionContextOpt = Annotated[
+    int, typer.Option("--repetition-context-size", help="Tokens the repetition penalty looks back at (0 = all).",
+                      rich_help_panel=_SAMPLING)
+]
+PresencePenaltyOpt = Annotated[
+    float, typer.Option("--presence-penalty", help="Subtracted once from each token of the last 20, in [-2, 2].",
+                        rich_help_panel=_SAMPLING)
+]
+FrequencyPenaltyOpt = Annotated[
+    float, typer.Option("--frequency-penalty", help="Subtracted per occurrence in the last 20 tokens, in [-2, 2].",
+                        rich_help_panel=_SAMPLING)
+]
+LogitBiasOpt = Annotated[
+    list[str] | None,
+    typer.Option("--logit-bias", metavar="TOKEN=BIAS", help="Add BIAS (in [-100, 100]) to token id TOKEN's logit."
+                 " Repeatable.", show_default=False, rich_help_panel=_SAMPLING),
+]
+MinTokensOpt = Annotated[
+    int, typer.Option("--min-tokens", help="Hold EOS back until this many tokens were generated.",
+                      rich_help_panel=_SAMPLING)
+]
+LogprobsOpt = Annotated[
+    int | None,
+    typer.Option("--logprobs", metavar="N", help="With --json: each token's logprob and the top N alternatives"
+                 " (0-20), from the distribution it was sampled from.", show_default=False, rich_help_panel=_OUTPUT),
+]
+
+
+def parse_logit_bias(items: list[str] | None) -> dict[int, float] | None:
+    """--logit-bias TOKEN=BIAS, repeatable -> {token: bias}; a malformed item is one InvalidRequest."""
+    from gmlx.errors import InvalidRequest
+
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        tok, sep, bias = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(tok)] = float(bias)
+        except ValueError:
+            raise InvalidRequest(f"--logit-bias takes TOKEN=BIAS (a token id and a number), got {item!r}") from None
+    return out
+
+
+def logprobs_json(record, tokenizer) -> list[dict] | None:
+    """The record's per-token logprobs for --json (None unless asked)."""
+    if record.logprobs is None:
+        return None
+
+    def entry(tok: int, lp: float) -> dict:
+        return {"token": tok, "text": tokenizer.decode([tok]), "logprob": lp}
+
+    return [{**entry(t.token, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]} for t in record.logprobs]
+
+
 VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also report model path, BLAS, K, versions, seed, finish reason.",
                        rich_help_panel=_OUTPUT)
