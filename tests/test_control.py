@@ -190,3 +190,22 @@ def test_an_explicit_k_is_obeyed_and_the_switch_turns_the_control_off(lm, clean)
     assert on(lm, num_draft_tokens=2).spec.control is None
     assert Engine(lm, EngineConfig(), switches=Switches(control=False)).spec.control is None
     assert on(lm).spec.control is not None
+
+
+@pytest.mark.parametrize("spec_cost", [6.0, 1.05])
+def test_smollm2_with_its_head_forced_both_ways_every_stream_equals_solo(smollm2, monkeypatch, spec_cost):
+    """The real model with its shipped head, the control forced to plain and to speculation: a lone
+    request, then a batch of three (greedy and seeded), every stream equals its solo plain decode."""
+    lm = smollm2.load("float32")
+    control._plain.pop(lm.target, None)
+    control._spec.pop(lm.target, None)
+    forced(monkeypatch, spec_cost)
+    tok = lm.tokenizer
+    code, other = tok.encode("def fibonacci(n):\n"), tok.encode("import os\nimport sys\n")
+    eng = on(lm)
+    run = drive(eng, {0: [("a", code, P(20, seed=1))], 2: [("b", other, P(14, seed=2, t=0.8)),
+                                                          ("c", code[:4], P(14, seed=3))]})
+    check_solo(lm, run)
+    recs = [s.result for s in run.streams.values()]
+    assert all(r.stats["speculation"] for r in recs)
+    eng.close()
