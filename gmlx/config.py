@@ -84,6 +84,11 @@ class SamplingParams:
     min_tokens: int = 0  # EOS is masked until this many tokens were generated
     logprobs: int | None = None  # None: off; N >= 0: the chosen token's logprob and the top N (<= 20)
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (echo)
+    # Predicted output (OpenAI's `prediction`): text, or token ids, the answer is expected to
+    # resemble (the previous answer, the file being edited). Drafts are copied from it where the
+    # output aligns with it (gmlx/drafters/prediction.py); it never changes a token. Text becomes
+    # token ids when the request is made (gmlx/engine/intake.py); "" or () means none.
+    prediction: str | tuple[int, ...] | None = None
 
     def __post_init__(self):
         if isinstance(self.logit_bias, dict):  # kept hashable: sorted (token, bias) pairs
@@ -122,12 +127,13 @@ class SamplingParams:
         if self.stop_fn is not None and not callable(self.stop_fn):
             raise InvalidRequest(f"stop_fn must be callable (tokens, text) -> bool, got {self.stop_fn!r}")
         self._validate_processors()
+        prediction = _prediction(self.prediction)
         seed = self.seed
         if seed is None:
             seed = secrets.randbits(31)
         elif not _is_int(seed) or seed < 0:
             raise InvalidRequest(f"seed must be an integer >= 0, got {seed!r}")
-        return replace(self, seed=seed, stop=stop)
+        return replace(self, seed=seed, stop=stop, prediction=prediction)
 
     def _validate_processors(self) -> None:
         rp = self.repetition_penalty
@@ -158,6 +164,20 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
                 raise InvalidRequest(f"{name} must be an integer in [0, {MAX_LOGPROBS}] (or None: off), got {v!r}")
+
+
+def _prediction(p) -> str | tuple[int, ...] | None:
+    """A prediction as text or a tuple of token ids (None when empty); anything else is refused."""
+    if p is None or isinstance(p, str):
+        return p or None
+    try:
+        ids = tuple(p)
+    except TypeError:
+        raise InvalidRequest(f"prediction must be text or a list of token ids, got {type(p).__name__}") from None
+    odd = [t for t in ids if not _is_int(t) or t < 0]
+    if odd:
+        raise InvalidRequest(f"prediction token ids must be integers >= 0, got {odd[:5]!r}")
+    return tuple(int(t) for t in ids) or None
 
 
 def _is_int(x) -> bool:
@@ -199,7 +219,7 @@ class EngineConfig:
     max_queued: int = 256
     prompt_cache_bytes: int = 64 << 20  # 0 disables the prompt cache
     prefill_step_size: int = 512
-    drafter: str | None = None  # "mtp" | "draft" | "assistant" | "ngram"; None: draft model if given, else mtp, else assistant
+    drafter: str | None = None  # "mtp" | "draft" | "assistant" | "ngram" | "prediction"; None: draft model if given, else mtp, else assistant
     draft_model: str | None = None  # a local mlx-lm model directory with the target's tokenizer
 
     def validated(self) -> "EngineConfig":
@@ -212,6 +232,7 @@ class EngineConfig:
             raise InvalidRequest("resume_min_remaining must be >= 0")
         if self.max_queued < 1:
             raise InvalidRequest("max_queued must be >= 1")
-        if self.drafter not in (None, "mtp", "draft", "assistant", "ngram"):
-            raise InvalidRequest(f"drafter must be 'mtp', 'draft', 'assistant' or 'ngram', got {self.drafter!r}")
+        if self.drafter not in (None, "mtp", "draft", "assistant", "ngram", "prediction"):
+            raise InvalidRequest(f"drafter must be 'mtp', 'draft', 'assistant', 'ngram' or 'prediction', got"
+                                 f" {self.drafter!r}")
         return self

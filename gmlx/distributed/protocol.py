@@ -26,12 +26,14 @@ from gmlx.policy.costs import Costs
 HELLO, STEP, COSTS, CLOSE, EXIT = "hello", "step", "costs", "close", "exit"
 _PARAMS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "stop", "ignore_eos",
            "repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
-           "frequency_penalty", "frequency_context_size", "logit_bias", "min_tokens", "logprobs", "prompt_logprobs")
+           "frequency_penalty", "frequency_context_size", "logit_bias", "min_tokens", "logprobs", "prompt_logprobs",
+           "prediction")
 
 
 def encode_params(p: SamplingParams) -> list:
     """Validated params (a concrete seed) as a list; stop_fn cannot travel and is refused earlier."""
-    return [list(v) if name == "stop" else [list(t) for t in v] if name == "logit_bias" and v else v
+    return [list(v) if name == "stop" or name == "prediction" and isinstance(v, tuple)
+            else [list(t) for t in v] if name == "logit_bias" and v else v
             for name in _PARAMS for v in [getattr(p, name)]]
 
 
@@ -40,6 +42,8 @@ def decode_params(v: list) -> SamplingParams:
     d["stop"] = tuple(d["stop"])
     if d.get("logit_bias"):
         d["logit_bias"] = tuple((int(t), b) for t, b in d["logit_bias"])
+    if isinstance(d.get("prediction"), list):  # token ids (made at intake): every rank drafts from them
+        d["prediction"] = tuple(d["prediction"])
     return SamplingParams(**d)
 
 

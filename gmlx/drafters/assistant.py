@@ -48,6 +48,7 @@ class AssistantDrafter(Drafter):
     needs_hidden = True
     shares_kv = True
     step_cost = 0.05
+    drafts_replaceable = True  # commit: the verify's hidden state and token at the accepted position
 
     def __init__(self, head, target: Target):
         self.head = head

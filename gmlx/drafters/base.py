@@ -21,7 +21,10 @@ near its budget) is just a commit that appends.
 Capabilities: `needs_hidden` (prefill and verify must capture target hidden states),
 `shares_kv` (it reads the target's K/V instead of keeping its own), `max_width` (rows it can
 serve at once; None = any), `step_cost` (one draft step in target decode steps, for the
-adaptive draft length).
+adaptive draft length), `drafts_replaceable` (its `commit` reads only the accepted counts and
+the verify's tokens and hidden states, never its own draft values, and a round it did not draft
+for is a `commit` with k = 0: so another source, a request's predicted output, may supply some
+rows' drafts; gmlx/drafters/prediction.py).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Drafter(ABC):
     shares_kv: bool = False
     max_width: int | None = None
     step_cost: float = 0.1
+    drafts_replaceable: bool = False
 
     @abstractmethod
     def start(self, rows: list, pres: list) -> object: ...

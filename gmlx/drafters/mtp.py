@@ -36,6 +36,7 @@ class MTPDrafter(Drafter):
     kind = "mtp"
     needs_hidden = True
     step_cost = 0.08  # MODEL_CARD.md: head step / target step 0.10 at batch 1
+    drafts_replaceable = True  # commit: the verified tokens (and hidden states) only
 
     def __init__(self, head, d_model: int):
         self.head = head

@@ -87,6 +87,7 @@ class NGramDrafter(Drafter):
     kind = "ngram"
     needs_hidden = False
     step_cost = 0.0  # host only: ~10-20 us per row and round measured (loaded 2-core CPU), vs ms per target step
+    drafts_replaceable = True  # commit: the verified tokens (and hidden states) only
 
     def __init__(self, n_min: int = N_MIN, n_max: int = N_MAX):
         if not 1 <= n_min <= n_max:

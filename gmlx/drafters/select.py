@@ -3,10 +3,15 @@
 Kinds: "mtp" (an MTP head shipped with the target: gmlx's own or a native checkpoint layout),
 "draft" (a separate small model with the target's tokenizer: --draft-model), "assistant" (a
 KV-sharing assistant head shipped beside the target), "ngram" (prompt lookup: drafts copied from
-the row's own context; needs no files, so any target that can roll back has it). With no kind
+the row's own context; needs no files, so any target that can roll back has it), "prediction"
+(drafts only from requests' predicted outputs; rows without one draft nothing). With no kind
 asked for: a draft model when one is given (the caller asked for it), else the MTP head, else the
 assistant head; never ngram, which is asked for by name (it pays only where the output repeats
 its context, and the model's own drafter, trained for it, is the better default).
+
+Whatever the kind, the engine's drafter is wrapped for predicted outputs (`choose`;
+gmlx/drafters/prediction.py): a request with a `prediction` drafts from it where its output aligns
+with it, and every other row drafts exactly as the chosen kind does.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from gmlx.models import family
 from gmlx.models.loading import LoadedModel, no_drafter_message, no_rollback_message
 from gmlx.drafters.base import Drafter
 
-KINDS = ("mtp", "draft", "assistant", "ngram")
+KINDS = ("mtp", "draft", "assistant", "ngram", "prediction")
 _PROBE = "def f(x):\n    return [x, 'é', 12345]  # the same tokenizer?\n"
 
 
@@ -79,14 +84,14 @@ def available(lm, draft_lm=None) -> list[str]:
     if has_assistant(lm):
         out.append("assistant")
     if lm.can_rollback:
-        out.append("ngram")
+        out += ["ngram", "prediction"]
     return out
 
 
 def can_draft(lm, kind: str | None = None) -> bool:
     """Can this model speculate with the drafter kind asked for (None: its own default)? A model
     drafts with what it ships (an MTP or assistant head); prompt lookup needs nothing shipped."""
-    return kind == "ngram" or lm.head is not None or has_assistant(lm)
+    return kind in ("ngram", "prediction") or lm.head is not None or has_assistant(lm)
 
 
 def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int = 512) -> Drafter | None:
@@ -106,6 +111,10 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
         from gmlx.drafters.ngram import NGramDrafter
 
         return NGramDrafter()
+    if kind == "prediction":
+        from gmlx.drafters.prediction import PredictionDrafter
+
+        return PredictionDrafter()
     if kind == "draft":
         if draft_lm is None:
             raise NoDrafterError("drafter 'draft' needs a draft model (--draft-model PATH)")
@@ -159,6 +168,16 @@ def cap_defaults(lm, drafter: Drafter | None) -> dict:
     return out
 
 
+def with_predictions(drafter: Drafter | None) -> Drafter | None:
+    """The drafter wrapped so that requests with a predicted output draft from it (rows without
+    one draft exactly as `drafter` does); None stays None (no speculation, predictions unused)."""
+    from gmlx.drafters.prediction import PredictionDrafter
+
+    if drafter is None or isinstance(drafter, PredictionDrafter):
+        return drafter
+    return PredictionDrafter(drafter)
+
+
 @dataclass
 class DrafterChoice:
     """What an engine drafts with, and what follows from it."""
@@ -177,7 +196,7 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
     draft_model = draft_model if draft_model is not None else config.draft_model
     draft_lm = draft_model if draft_model is None or isinstance(draft_model, LoadedModel) else load_draft_model(draft_model)
     if drafter is None and config.speculative is not False:
-        drafter = select_drafter(lm, config.drafter, draft_lm, config.prefill_step_size)
+        drafter = with_predictions(select_drafter(lm, config.drafter, draft_lm, config.prefill_step_size))
     if config.speculative and drafter is None:
         raise NoDrafterError(no_drafter_message(lm))
     notices = []

@@ -209,6 +209,8 @@ class Engine:
         transition(row, RowState.SCALAR)
         # Up to the calibrated K at width 1 (0: plain), unless the measured costs say no K pays.
         k = self.scalar.decide(self._k_for(1)) if self.speculative else 0
+        if not k and self.speculative and row.params.prediction:  # its drafts cost no drafter work
+            k = max(1, self._k_for(1))
         self.scalar.start(row, self.prefiller.prefill(row, want_hidden=k > 0 and self._wants_hidden), max_k=k)
         self.mode = Mode.SCALAR
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from dataclasses import replace
 
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
@@ -56,4 +57,21 @@ def make_row(lm: LoadedModel, prompt: str | list[int], params: SamplingParams | 
             f" {ctx} tokens; lower max_tokens to at most {ctx - len(ids)}"
         )
     eos = frozenset() if params.ignore_eos else frozenset(lm.eos_ids)
-    return Row(rid=-1, prompt=ids, params=params, eos_ids=eos, detokenizer=lm.tokenizer.detokenizer)
+    if params.prediction is not None:
+        params = replace(params, prediction=prediction_ids(lm, params.prediction))
+    row = Row(rid=-1, prompt=ids, params=params, eos_ids=eos, detokenizer=lm.tokenizer.detokenizer)
+    if params.prediction is not None:
+        row.stats.prediction_tokens = len(params.prediction)
+    return row
+
+
+def prediction_ids(lm: LoadedModel, prediction: str | tuple[int, ...]) -> tuple[int, ...] | None:
+    """A predicted output as token ids: text is encoded as the output would be (no special
+    tokens); ids must be in the vocabulary."""
+    if isinstance(prediction, str):
+        return tuple(int(t) for t in lm.tokenizer.encode(prediction, add_special_tokens=False)) or None
+    vocab = lm.target.vocab_size
+    bad = [t for t in prediction if not 0 <= t < vocab]
+    if bad:
+        raise InvalidRequest(f"prediction token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+    return tuple(prediction) or None

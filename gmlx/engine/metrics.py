@@ -28,6 +28,12 @@ class RequestStats:
     t_first_token: float | None = None
     t_end: float | None = None
     decision: str = ""  # what the speculation in force ran at the end, and why (gmlx/engine/speculation.py)
+    # Predicted outputs (gmlx/drafters/prediction.py), None without one: the prediction's length in
+    # tokens; accepted = output tokens that were the aligned prediction's next token; rejected =
+    # tokens drafted from the prediction that the verify rejected.
+    prediction_tokens: int | None = None
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     def record_round(self, drafted: int, accepted: int) -> None:
         assert 0 <= accepted <= drafted
@@ -78,6 +84,11 @@ class RequestStats:
             "speculation": self.decision,
             "ttft_s": self.ttft_s,
             "tokens_per_s": self.tokens_per_s,
+            **({} if self.prediction_tokens is None else {
+                "prediction_tokens": self.prediction_tokens,
+                # a verified token past the end (EOS, a stop string) is not output: never more than it
+                "accepted_prediction_tokens": min(self.accepted_prediction_tokens, self.num_generated),
+                "rejected_prediction_tokens": self.rejected_prediction_tokens}),
         }
 
 

@@ -14,7 +14,8 @@ Default cap (used when no CLI flag, GMLX_MTP_WIDTH_CAP or user-config entry sets
    longest row's draft length (a row without a match carries padding), so the forward grows
    with W(k+1) positions, which a CPU pays in full; the gated alternative is double-buffered.
    Measured on this project's 2-core CPU (embedded model, k = 3): width 2 won in most paired
-   runs, width 4 lost (x0.8-0.9) even at acceptance 0.6.
+   runs, width 4 lost (x0.8-0.9) even at acceptance 0.6. Predicted outputs alone
+   (`--drafter prediction`) likewise: host-only drafts, padded to the longest row.
 5. a dense target with an MTP head (gmlx's or the checkpoint's own): 0 = uncapped
 6. no drafter: 0 (nothing to cap)                                           "built-in default"
 
@@ -49,8 +50,8 @@ def default_cap(kind: str | None, is_moe: bool, config_cap) -> tuple[int | str, 
         return 1, "family default: routed-expert (MoE) target"
     if kind in SEPARATE_KINDS:
         return 2, f"family default: {kind.replace('-', ' ')} drafter"
-    if kind == "ngram":
-        return 2, "family default: ngram drafter"
+    if kind in ("ngram", "prediction"):
+        return 2, f"family default: {kind} drafter"
     if kind.startswith(MTP_KINDS_PREFIX):
         return 0, "family default: dense target with an MTP head"
     return 0, BUILT_IN

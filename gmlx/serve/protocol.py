@@ -13,7 +13,8 @@ Implemented besides the basics: `n` (up to MAX_N choices; with a `seed`, choice 
 `logprobs` (completions: an integer N, the sampled token's logprob and the top N; chat: `logprobs`
 and `top_logprobs`), `echo` (completions: the prompt before the text, with prompt logprobs when
 `logprobs` is set), `presence_penalty`, `frequency_penalty`, `logit_bias` (token id -> bias), and
-chat's `tools` and `chat_template_kwargs` (passed to the chat template).
+chat's `tools` and `chat_template_kwargs` (passed to the chat template), and `prediction`
+(predicted outputs: gmlx/serve/prediction.py).
 Extensions beside OpenAI's fields, under vLLM's and mlx_lm.server's names: `top_k`, `min_p`,
 `ignore_eos`, `min_tokens`, `repetition_penalty`, `repetition_context_size`,
 `presence_context_size`, `frequency_context_size`, `role_mapping` (chat on a model without a chat
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from gmlx.config import MAX_LOGPROBS, SamplingParams
 from gmlx.errors import InvalidRequest
+from gmlx.serve.prediction import parse_prediction
 
 # OpenAI's defaults: completions generate 16 tokens unless told; temperature 1 samples.
 COMPLETION_MAX_TOKENS = 16
@@ -38,7 +40,8 @@ MAX_N = 16  # the most choices one request may ask for
 PROCESSOR_FIELDS = ("repetition_penalty", "repetition_context_size", "presence_penalty", "presence_context_size",
                     "frequency_penalty", "frequency_context_size", "min_tokens")
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "user",
-           "top_k", "min_p", "ignore_eos", "return_token_ids", "logit_bias", "logprobs", *PROCESSOR_FIELDS}
+           "top_k", "min_p", "ignore_eos", "return_token_ids", "logit_bias", "logprobs", "prediction",
+           *PROCESSOR_FIELDS}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "chat_template_kwargs",
                          "role_mapping"}
@@ -189,7 +192,8 @@ def _common(body: dict, kind: str, max_tokens: int | None, served: str) -> dict:
         top_p=1.0 if top_p is None else top_p, top_k=top_k or 0, min_p=min_p or 0.0, seed=seed,
         stop=tuple([stop] if isinstance(stop, str) else stop or ()), ignore_eos=bool(ignore_eos),
         logit_bias=_logit_bias(body.get("logit_bias")), logprobs=logprobs,
-        prompt_logprobs=logprobs if echo else None, **processors)
+        prompt_logprobs=logprobs if echo else None, prediction=parse_prediction(body.get("prediction"), bad),
+        **processors)
     try:
         params = params.validated()
     except InvalidRequest as e:

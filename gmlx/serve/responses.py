@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from gmlx.engine.stream import FinalRecord
+from gmlx.serve.prediction import completion_details
 from gmlx.serve.protocol import GenRequest
 
 DONE = b"data: [DONE]\n\n"
@@ -34,7 +35,10 @@ def sse(obj: dict) -> bytes:
 def usage(recs: list[FinalRecord]) -> dict:
     """One request's usage: its prompt once, the tokens of all its choices."""
     n_prompt, n_out = len(recs[0].prompt_tokens), sum(len(r.tokens) for r in recs)
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    out = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    if (details := completion_details(recs)) is not None:  # a request with a prediction
+        out["completion_tokens_details"] = details
+    return out
 
 
 @dataclass(frozen=True)
