@@ -91,6 +91,20 @@ def test_a_width_decided_plain_tries_speculation_again_after_a_run_of_plain_roun
     assert 1 <= tries <= 2  # after 64 plain rounds, then after 128 more (the wait doubles)
 
 
+def test_a_new_engine_continues_from_what_this_process_learnt_about_the_target():
+    t = _Target()
+    first = Controller(t, "mtp", COSTS)
+    for _ in range(MIN_EVIDENCE + 4):
+        c = first.choose(2, 3)
+        feed(first, 2, c.k, 0.012 if c.k else 0.010, accepted=0)
+    assert first.decided_plain(2)
+    second = Controller(t, "mtp", COSTS)  # the next bench cell, another Engine on the same model
+    assert second.decided_plain(2) and second.choose(2, 3).k == 0
+    assert not Controller(t, "ngram", COSTS).decided_plain(2)  # another drafter decides for itself
+    control.record_plain(t, 3, 0.004)  # a plain baseline's rounds count for every drafter
+    assert Controller(t, "draft", COSTS).at(3).plain.by_k[0][-1] == 0.004
+
+
 def test_acceptance_decays_so_a_drafter_that_starts_agreeing_is_seen():
     a = Acceptance()
     for _ in range(30):
@@ -105,11 +119,9 @@ def test_acceptance_decays_so_a_drafter_that_starts_agreeing_is_seen():
 @pytest.fixture
 def clean(lm):
     """No figures from other tests' engines on this target (they are shared per process)."""
-    control._plain.pop(lm.target, None)
-    control._spec.pop(lm.target, None)
+    control.forget(lm.target)
     yield
-    control._plain.pop(lm.target, None)
-    control._spec.pop(lm.target, None)
+    control.forget(lm.target)
 
 
 def forced(monkeypatch, spec_cost: float):
@@ -197,8 +209,7 @@ def test_smollm2_with_its_head_forced_both_ways_every_stream_equals_solo(smollm2
     """The real model with its shipped head, the control forced to plain and to speculation: a lone
     request, then a batch of three (greedy and seeded), every stream equals its solo plain decode."""
     lm = smollm2.load("float32")
-    control._plain.pop(lm.target, None)
-    control._spec.pop(lm.target, None)
+    control.forget(lm.target)
     forced(monkeypatch, spec_cost)
     tok = lm.tokenizer
     code, other = tok.encode("def fibonacci(n):\n"), tok.encode("import os\nimport sys\n")

@@ -11,7 +11,7 @@ ceiling: the control never speculates over it.
 from __future__ import annotations
 
 from gmlx.policy.admission import Round
-from gmlx.policy.control import Choice, Controller, bucket
+from gmlx.policy.control import Choice, Controller, bucket, record_plain
 from gmlx.policy.costs import Costs
 
 # Rounds whose wall time is a steady-state round of their kind (a capture round, or a plain round
@@ -22,6 +22,7 @@ _TIMED = {Round.SPECULATIVE: True, Round.PLAIN: True, Round.SCALAR: True}
 class Speculation:
     def __init__(self, target, drafter, caps, explicit_k: int | None, costs: Costs | None, control: bool):
         self.drafter = drafter
+        self.target = target
         self.caps = caps  # gmlx.engine.cap_watch.CapWatch: the ceilings
         self.explicit_k = explicit_k
         on = control and drafter is not None and explicit_k is None and costs is not None
@@ -57,7 +58,11 @@ class Speculation:
 
     def observe(self, kind: Round, width: int, seconds: float, results: list, scalar_k: int | None) -> None:
         """Feed a round to the control: its kind's k, its wall time when steady, its acceptance."""
-        if self.control is None or kind is Round.NONE or width < 1:
+        if self.control is None:  # a plain engine's rounds still teach the others on this target
+            if self.drafter is None and _TIMED.get(kind, False) and width >= 1:
+                record_plain(self.target, width, seconds)
+            return
+        if kind is Round.NONE or width < 1:
             return
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
             k = scalar_k or 0

@@ -173,7 +173,7 @@ class WidthControl:
             if self.rounds_in_choice < MIN_EVIDENCE or gains[best] < MARGIN * gains[cur]:
                 best = cur  # hysteresis: keep the choice in force
         self.exploring = False
-        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST:
+        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known():
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
         elif best == 0 and cur == 0 and best_spec and self.plain_run >= self.explore_after:
             best = best_spec
@@ -222,8 +222,24 @@ class WidthControl:
 # Figures learnt in this process, shared by every engine on the same target: plain round times per
 # target, speculative ones per (target, drafter kind) — a new engine starts from what earlier ones
 # (a plain baseline, the previous bench cell, the last request) measured.
+# The choice in force, the acceptance and the exploration's back-off are kept per (target,
+# drafter kind) too: a new engine (the next bench cell, a new `Engine()` in a server process)
+# continues from the process's last decision instead of starting cold.
 _plain: "weakref.WeakKeyDictionary[object, dict[int, Times]]" = weakref.WeakKeyDictionary()
 _spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKeyDictionary()
+_widths: "weakref.WeakKeyDictionary[object, dict[tuple, WidthControl]]" = weakref.WeakKeyDictionary()
+
+
+def record_plain(target: object, width: int, seconds: float) -> None:
+    """A plain round's time from an engine without a drafter (a plain baseline): the same code
+    path as a speculative engine's plain rounds, so its figure counts for every drafter."""
+    _plain.setdefault(target, {}).setdefault(bucket(width), Times()).add(0, seconds)
+
+
+def forget(target: object) -> None:
+    """Drop everything learnt for this target in this process (tests; a changed machine)."""
+    for d in (_plain, _spec, _widths):
+        d.pop(target, None)
 
 
 class Controller:
@@ -233,8 +249,9 @@ class Controller:
         self.costs = costs
         self._plain = _plain.setdefault(target, {})
         self._spec = _spec.setdefault(target, {})
+        self._shared = _widths.setdefault(target, {})
         self.drafter_kind = drafter_kind
-        self.widths: dict[int, WidthControl] = {}
+        self.widths: dict[int, WidthControl] = {}  # this engine's view of the shared per-width state
         self.switches = 0  # times a width's choice changed between plain and speculative
         self.switched: list[tuple[int, str]] = []  # (width, reason) of switches not yet reported
         self.last: dict[int, Choice] = {}
@@ -242,9 +259,11 @@ class Controller:
     def at(self, width: int) -> WidthControl:
         b = bucket(width)
         if b not in self.widths:
-            plain = self._plain.setdefault(b, Times())
-            spec = self._spec.setdefault((self.drafter_kind, b), Times())
-            self.widths[b] = WidthControl(plain, spec)
+            key = (self.drafter_kind, b)
+            if key not in self._shared:
+                plain = self._plain.setdefault(b, Times())
+                self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()))
+            self.widths[b] = self._shared[key]
         return self.widths[b]
 
     def choose(self, width: int, max_k: int, acceptance: Acceptance | None = None) -> Choice:
@@ -261,7 +280,7 @@ class Controller:
 
     def decided_plain(self, width: int) -> bool:
         """Whether the choice in force at this width is plain (a query: changes nothing)."""
-        wc = self.widths.get(bucket(width))
+        wc = self._shared.get((self.drafter_kind, bucket(width)))
         return wc is not None and wc.current == 0
 
     def pooled(self, width: int) -> Acceptance:
