@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from gmlx_cli.options import (
     LogitBiasOpt,
     LogprobsOpt,
     MinTokensOpt,
+    PredictionOpt,
     PresencePenaltyOpt,
     RepetitionContextOpt,
     RepetitionPenaltyOpt,
@@ -93,6 +95,7 @@ def generate(
     draft_model: DraftModelOpt = None,
     drafter: DrafterOpt = None,
     speculative: SpeculativeOpt = None,
+    prediction: PredictionOpt = None,
     chat: ChatOpt = None,
     verbose: VerboseOpt = False,
     json_output: JsonOpt = False,
@@ -111,15 +114,21 @@ def generate(
         stop=tuple(stop or ()), repetition_penalty=repetition_penalty,
         repetition_context_size=repetition_context_size, presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty, logit_bias=parse_logit_bias(logit_bias), min_tokens=min_tokens,
-        logprobs=logprobs,
+        logprobs=logprobs, prediction=read_prediction(prediction),
     ).validated()
     if logprobs is not None and not json_output:
         raise InvalidRequest("--logprobs is reported in the --json output; add --json")
-    check_no_speculative(speculative, drafter=drafter, draft_model=draft_model, num_draft_tokens=num_draft_tokens)
+    check_no_speculative(speculative, drafter=drafter, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+                         prediction=prediction)
     config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens, drafter=drafter,
                           draft_model=str(draft_model) if draft_model else None).validated()
     cluster = dist.join(distributed)
     lm = dist.load(cluster, model, _load_model)
+    if params.prediction and drafter is None and draft_model is None:
+        from gmlx.drafters.select import can_draft
+
+        if not can_draft(lm) and lm.can_rollback:  # nothing of its own to draft with: the prediction alone
+            config = replace(config, drafter="prediction")
     # The engine checks prompt length against the context itself; transformers' tokenizer would
     # add a second, misleading "will result in indexing errors" line. Set after the load, which
     # is what configures transformers' logger.
@@ -153,6 +162,16 @@ def generate(
             sys.stdout.write("\n")
         render_stats(record, lm, k, verbose=verbose, seed_drawn=seed_matters)
     sys.stdout.flush()
+
+
+def read_prediction(path: Path | None) -> str | None:
+    """--prediction FILE: its text (checked before the model load)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"--prediction {path}: cannot read it ({type(e).__name__}: {e})") from None
 
 
 def chat_prompt(lm: LoadedModel, text: str, chat: bool | None) -> str | list[int]:
@@ -229,6 +248,9 @@ def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool,
     ]
     if s.get("speculation"):  # what ran and why: the online control's decision, or the setting
         rows.append(("speculation", s["speculation"]))
+    if s.get("prediction_tokens") is not None:
+        rows.append(("prediction", f"{s['accepted_prediction_tokens']} of its {s['prediction_tokens']} tokens in the"
+                                   f" output, {s['rejected_prediction_tokens']} drafted and rejected"))
     if record.speculative and not s.get("num_drafted", 0):
         rows.append(("acceptance rate", "- (nothing drafted)"))
     elif record.speculative:

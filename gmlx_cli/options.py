@@ -75,9 +75,16 @@ DraftModelOpt = Annotated[
 DrafterOpt = Annotated[
     str | None,
     typer.Option("--drafter", help="Drafter kind: mtp (the model's MTP head), draft (--draft-model), assistant"
-                 " (a KV-sharing assistant head beside the model) or ngram (prompt lookup: copies from the"
-                 " request's own prompt and output; any model). Default: draft if --draft-model, else mtp,"
-                 " else assistant.", show_default=False, rich_help_panel=_SPEC),
+                 " (a KV-sharing assistant head beside the model), ngram (prompt lookup: copies from the"
+                 " request's own prompt and output; any model) or prediction (only from --prediction). Default:"
+                 " draft if --draft-model, else mtp, else assistant.", show_default=False, rich_help_panel=_SPEC),
+]
+PredictionOpt = Annotated[
+    Path | None,
+    typer.Option("--prediction", metavar="FILE", help="Predicted output (as OpenAI's `prediction`): text the answer"
+                 " is expected to resemble (the previous answer, the file being edited). Drafts are copied from it"
+                 " where the output aligns with it; the output is the same without it.", show_default=False,
+                 rich_help_panel=_SPEC),
 ]
 SpeculativeOpt = Annotated[
     bool | None,
@@ -180,13 +187,14 @@ class ConflictingOptions(typer.BadParameter):
 
 
 def check_no_speculative(speculative: bool | None, *, drafter: str | None = None, draft_model: Path | None = None,
-                         num_draft_tokens: int | None = None) -> None:
+                         num_draft_tokens: int | None = None, prediction: Path | None = None) -> None:
     """--no-speculative with a drafting option is a contradiction, not something to ignore
     silently. Called by the commands before anything slow (the model load)."""
     if speculative is not False:
         return
     given = [name for name, value in (("--drafter", drafter), ("--draft-model", draft_model),
-                                      ("--num-draft-tokens", num_draft_tokens)) if value is not None]
+                                      ("--num-draft-tokens", num_draft_tokens), ("--prediction", prediction))
+             if value is not None]
     if given:
         raise ConflictingOptions(f"--no-speculative decodes without drafting, so {' and '.join(given)} would do"
                                  f" nothing: drop --no-speculative to speculate, or drop {' and '.join(given)}")

@@ -258,3 +258,28 @@ def test_plain_engine_ignores_the_prediction(lm, prompts):
     rec = eng.generate(prompts[2], P(12, seed=0, prediction=tuple(ref)))
     eng.close()
     assert rec.tokens == ref and rec.stats["accepted_prediction_tokens"] == 0
+
+
+# ---- the CLI --------------------------------------------------------------------------------
+
+def test_cli_generate_with_a_prediction_file(tmp_path):
+    import json
+
+    from test_cli import PROMPT, run
+
+    def gen(*args):
+        r = run("generate", PROMPT, "--max-tokens", "40", "--seed", "3", "--temp", "0", *args)
+        assert r.code == 0, r.stderr
+        return r
+
+    plain = json.loads(gen("--json", "--no-speculative").stdout)
+    pred = tmp_path / "previous.txt"
+    pred.write_text(plain["text"])
+    got = json.loads(gen("--json", "--prediction", str(pred)).stdout)
+    assert got["tokens"] == plain["tokens"] and got["prediction_tokens"] > 0
+    assert got["accepted_prediction_tokens"] == len(got["tokens"]) and got["max_draft_tokens"] > 3
+    assert "prediction:" in gen("--prediction", str(pred)).stderr
+    r = run("generate", PROMPT, "--no-speculative", "--prediction", str(pred))
+    assert r.code == 2 and "--prediction" in r.stderr
+    r = run("generate", PROMPT, "--prediction", str(tmp_path / "missing.txt"))
+    assert r.code == 1 and "cannot read" in r.stderr
