@@ -32,7 +32,7 @@ from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, BenchApiKeyOpt, Co
                               MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt, PromptsFileOpt, RateOpt, RepeatsOpt,
                               RequestsOpt, ResultsJsonOpt, SeedOpt, ServedModelOpt, StaggerOpt, TempOpt, UrlOpt,
                               VerifyOpt, WarmupOpt, WidthCapOpt)
-from gmlx_cli.outdir import check_out_dir
+from gmlx_cli.outdir import DEFAULT_OUT, check_out_dir
 from gmlx_cli.workload import (Arrival, Backend, EngineBackend, build_requests, drive, load_prompt_specs,
                                parse_int_list, parse_token_range)
 
@@ -59,6 +59,7 @@ class Run:
     outcomes: list = field(default_factory=list)
     transitions: dict = field(default_factory=dict)
     complete: bool = False  # False: interrupted (or still running); its cell is marked partial
+    server_spec: dict | None = None  # bench --url: what the run added to the server's spec_decode counters
 
 
 def parse_choices(values: list[str], allowed: tuple[str, ...], option: str) -> list[str]:
@@ -116,7 +117,7 @@ def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, ru
                     run.complete = True
                 finally:
                     run.transitions = backend.transitions()
-                view.end()
+                view.end(run.outcomes)
     return runs
 
 
@@ -183,7 +184,7 @@ def bench(
     verify: VerifyOpt = False,
     repeats: RepeatsOpt = 1,
     warmup: WarmupOpt = True,
-    out: OutDirOpt = Path("bench_results"),
+    out: OutDirOpt = DEFAULT_OUT,
     json_output: ResultsJsonOpt = False,
     url: UrlOpt = None,
     api_key: BenchApiKeyOpt = None,
@@ -192,7 +193,14 @@ def bench(
     distributed: DistributedOpt = False,
     debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
 ) -> None:
-    """Benchmark simulated concurrent requests: live view, per-cell summary, CSV/JSON/PNG in --out."""
+    """Benchmark simulated concurrent requests: live view, per-cell summary, CSV/JSON/PNG in --out.
+
+    Default workload: 16 requests cycling through the shipped held-out code prompts (none ends at
+    EOS before its first token, greedy, on the embedded model or SmolLM2), 64 tokens each (or
+    fewer where a request ends at EOS; --ignore-eos for fixed lengths), greedy, all at once
+    (burst). agg tok/s = a run's tokens / (last end - first submit), every request counted. Results
+    go to ./runs unless --out says otherwise.
+    """
     options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()}  # recorded with the results
     # Every check that needs no model comes first: a typo must not cost a load.
     from gmlx_cli import bench_url as _url

@@ -33,7 +33,7 @@ def report(lm, runs: list, arms: list, config: EngineConfig, out: Path, human, j
     meta = results.metadata(command="bench", model=lm.name, model_path=str(lm.path), seed=seed, seed_drawn=seed_drawn,
                             interrupted=interrupted, options=options, config=meta_config)
     payload = {"meta": meta, "cells": results.records(cell_df),
-               "requests": results.records(req_df),
+               "requests": results.records(req_df), "runs": results.run_aggregates(runs, req_df),
                "transitions": results.transitions_by_arm(runs)}
     if verdict is not None:
         payload["verify"] = {"checked": verdict[0], "near_ties": verdict[1], "mismatches": verdict[2]}

@@ -1,6 +1,8 @@
 """`gmlx bench --url URL`: the bench workloads against a running OpenAI-compatible server (gmlx
 serve, mlx_lm.server, vLLM, ...), with the same live view, tables and files as the in-process
-bench; the driver and what it times are in gmlx_cli/http_backend.py.
+bench; the driver and what it times are in gmlx_cli/http_backend.py. What only the in-process
+engine knows (mode, switches, transitions) is left out rather than guessed; acceptance is the
+server's own, from its /metrics counters around each run; HTTP 429 refusals are "rejected".
 
 Several servers can be compared in one run from Python (`run_matrix_http` with several targets:
 benchmarks/bench_servers.py does that): each (concurrency, repeat) runs every server in turn,
@@ -69,20 +71,25 @@ def run_matrix_http(targets: dict, requests: list[Request], concurrencies: list[
                     view, runs: list[Run], ignore_eos: bool = False,
                     request_timeout_s: float | None = None) -> list[Run]:
     """Every (concurrency, repeat) runs every target, in ABBA order. Each run is appended to `runs`
-    before it starts, so an interrupt leaves the caller the partial one too."""
-    drive_http = _client().drive_http
+    before it starts, so an interrupt leaves the caller the partial one too. Around each run the
+    server's spec_decode counters are read from its /metrics (`run.server_spec`: their difference,
+    None where it exposes none): the acceptance a client cannot see per request."""
+    http = _client()
     bound = {} if request_timeout_s is None else {"request_timeout_s": request_timeout_s}
     arms = [Arm(name, backend="http", speculative=False) for name in targets]
     for c in concurrencies:
         for rep in range(repeats):
             for arm in arms if rep % 2 == 0 else arms[::-1]:
+                target = targets[arm.name]
                 run = Run(arm, c, rep)
                 runs.append(run)
-                view.begin(f"{arm.name} c={c} rep {rep}", speculative=False)
-                asyncio.run(drive_http(targets[arm.name], requests, c, ignore_eos=ignore_eos, on_event=view.on_event,
-                                       on_submit=view.submitted, done=run.outcomes, **bound))
+                view.begin(f"{arm.name} c={c} rep {rep}", engine=False)
+                before = http.spec_counters(target)
+                asyncio.run(http.drive_http(target, requests, c, ignore_eos=ignore_eos, on_event=view.on_event,
+                                            on_submit=view.submitted, done=run.outcomes, **bound))
+                run.server_spec = http.counters_delta(before, http.spec_counters(target) if before else None)
                 run.complete = True
-                view.end()
+                view.end(run.outcomes)
     return runs
 
 
@@ -99,6 +106,7 @@ def warm_up(targets: dict, requests: list[Request], ignore_eos: bool) -> None:
 
 
 def errors_of(runs: list[Run]) -> list[dict]:
+    """Requests that failed (a refusal with HTTP 429 is not one: finish reason "rejected")."""
     return [{"arm": r.arm.name, "concurrency": r.concurrency, "repeat": r.repeat, "request_id": o.request.request_id,
              "error": o.error} for r in runs for o in r.outcomes if getattr(o, "error", None)]
 
@@ -146,14 +154,19 @@ def bench_url(url: str, api_key: str | None, served_model: str | None, label: st
         command="bench", url=target.base_url, model=target.model, server_models=list(target.models),
         server_health=server_health(target), seed=seed, seed_drawn=seed_drawn, interrupted=interrupted,
         options={k: v for k, v in options.items() if k != "api_key"},
-        config={"arms": [{"name": name, "backend": "http", "url": target.base_url, "model": target.model}]})
+        config={"arms": [{"name": name, "backend": "http", "url": target.base_url, "model": target.model}]},
+        acceptance_source="the server's /metrics spec_decode counters, before and after each run"
+        if runs and all(r.server_spec is not None for r in runs) else None)
     payload = {"meta": meta, "cells": results.records(cell_df), "requests": results.records(req_df),
-               "errors": errors}
-    tables = results.summary_tables(cell_df)[:1]  # over HTTP nothing is known of drafts or transitions
-    notes = [n for n in results.summary_notes(cell_df, req_df) if not n.startswith("accept rate")]
+               "runs": results.run_aggregates(runs, req_df), "errors": errors}
+    # Over HTTP the engine's mode and transitions are not seen: those columns are absent, and
+    # acceptance is the server's own (its /metrics), shown where it has the counters.
+    tables = results.summary_tables(cell_df)
+    notes = results.summary_notes(cell_df, req_df)
     if ignore_eos and (line := eos_notice(runs)):
         notes.append(line)
-    print_table(*tables[0], human, notes=notes)
+    for i, table in enumerate(tables):
+        print_table(*table, human, notes=notes if i == len(tables) - 1 else ())
     paths = write_files(out, payload, req_df, cell_df, human, json_output, interrupted)
     if errors:
         total = sum(len(r.outcomes) for r in runs)

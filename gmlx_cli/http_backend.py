@@ -19,7 +19,14 @@ so the same tables come out):
 - ITL: the gaps between successive token-carrying chunks (per chunk, as the in-process bench and
   vLLM define it: a client waits for a chunk, not for each token in it); req tok/s is
   (tokens - 1) / (last chunk - first chunk) per request, whatever the chunking, which is the figure
-  to compare decode speed across servers that chunk differently.
+  to compare decode speed across servers that chunk differently;
+- the end (`end_s`): when the stream closed, or the refusal or failure arrived. Every request has
+  one (an answer with no token at all included), so a run's span covers them all. HTTP 429 (the
+  server's queue is full) is a refusal, finish reason "rejected", counted apart from failures.
+
+Acceptance is not visible per request through OpenAI's API: `spec_counters` reads vLLM's
+speculative-decoding counters from the server's /metrics (gmlx serve and vLLM expose them), and
+bench_url takes their difference across each cell.
 
 Prompts are sent as text: every OpenAI-compatible server accepts it, and mlx_lm.server accepts
 nothing else (its completions endpoint calls `tokenizer.encode(prompt)`). Two servers with the
@@ -33,6 +40,7 @@ fields it does not know, so its requests still end at EOS and are counted as gen
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +77,7 @@ class HttpOutcome(Outcome):
     generated: int | None = None  # completion tokens (usage, or the ids' count); None: unknown
     prompt_count: int | None = None  # usage.prompt_tokens
     error: str | None = None
+    rejected: str | None = None  # refused with HTTP 429 (finish reason "rejected"): what the server said
 
     @property
     def num_generated(self) -> int:
@@ -139,6 +148,68 @@ def _message(r: httpx.Response) -> str:
 def _snippet(text: str, n: int = 80) -> str:
     one = " ".join(str(text).split())
     return repr(one if len(one) <= n else one[: n - 1] + "…")
+
+
+# vLLM's speculative-decoding counters (gmlx serve exposes them under `gmlx:`, vLLM under `vllm:`):
+# key -> the metric name's tail. A server-wide count: read before and after a cell, the difference
+# is the cell's (exact while nothing else uses the server).
+SPEC_COUNTERS = {"drafts": "spec_decode_num_drafts_total", "draft_tokens": "spec_decode_num_draft_tokens_total",
+                 "accepted": "spec_decode_num_accepted_tokens_total"}
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_MODEL_LABEL = re.compile(r'model_name="((?:[^"\\]|\\.)*)"')
+
+
+def parse_spec_counters(text: str, model: str | None = None) -> dict[str, float] | None:
+    """The SPEC_COUNTERS in Prometheus text, each summed over its samples (a prefix such as `vllm:`
+    or `gmlx_` allowed). Samples are grouped by their `model_name` label: `model`'s group, else the
+    only one there is; a counter declared (`# TYPE`) but without a sample yet, as prometheus_client
+    leaves a labelled counter nothing has counted, is 0. None unless all three are there."""
+    groups: dict[str | None, dict[str, float]] = {}
+    declared = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("# TYPE ") and line.endswith(" counter"):
+            family = line.split()[2]
+            declared |= {k for k, tail in SPEC_COUNTERS.items()
+                         if _names(family, tail) or _names(family, tail.removesuffix("_total"))}
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, labels, value = m.groups()
+        for key, tail in SPEC_COUNTERS.items():
+            if _names(name, tail):
+                label = _MODEL_LABEL.search(labels or "")
+                try:
+                    v = float(value)
+                except ValueError:
+                    continue
+                group = groups.setdefault(label.group(1) if label else None, {})
+                group[key] = group.get(key, 0.0) + v
+    got = groups.get(model) if model in groups else next(iter(groups.values())) if len(groups) == 1 else None
+    got = dict.fromkeys(declared, 0.0) | (got or {}) if got is not None or not groups else None
+    return got if got is not None and len(got) == len(SPEC_COUNTERS) else None
+
+
+def _names(name: str, tail: str) -> bool:
+    """`name` is `tail`, bare or with a prefix (`vllm:`, `gmlx_`)."""
+    return name == tail or (name.endswith(tail) and name[-len(tail) - 1] in ":_")
+
+
+def spec_counters(target: Target, timeout: float = PROBE_TIMEOUT_S) -> dict[str, float] | None:
+    """GET /metrics: the server's speculative-decoding counters so far, or None when it exposes none
+    (no /metrics, not Prometheus text, or not these counters)."""
+    try:
+        r = httpx.get(target.base_url + "/metrics", headers=_headers(target.api_key), timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    return parse_spec_counters(r.text, target.model) if r.status_code == 200 else None
+
+
+def counters_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, int] | None:
+    """What a cell added to the server's counters; None when either read failed."""
+    if before is None or after is None:
+        return None
+    return {k: int(round(after[k] - before[k])) for k in SPEC_COUNTERS}
 
 
 def spread(total: int, k: int) -> list[int]:
@@ -233,13 +304,19 @@ async def drive_http(target: Target, requests: list[Request], concurrency: int, 
         except asyncio.CancelledError:
             out.finish_reason = "cancelled"
             raise
+        except openai.APIStatusError as e:
+            if e.status_code == 429:  # the server's queue is full: a measured refusal, not a failure
+                out.finish_reason, out.rejected = "rejected", _error_text(e)
+            else:
+                out.finish_reason, out.error = "error", _error_text(e)
         except (openai.OpenAIError, asyncio.TimeoutError, httpx.HTTPError) as e:
             out.finish_reason, out.error = "error", _error_text(e)
         finally:
+            out.end_s = clock() - t0  # every request ends: answered, refused, failed or cut off
             started.set()  # waiters must not wait forever on a request that failed before its first token
             slots.release()
             done.append(live.pop(rid))
-            emit(Event(EventKind.FINISH, "http", len(live), rid=rid))
+            emit(Event(EventKind.FINISH, "http", len(live), rid=rid, reason=out.finish_reason))
 
     tasks: list[asyncio.Task] = []
     async with openai.AsyncOpenAI(base_url=target.base_url + "/v1", api_key=target.api_key or "none",

@@ -43,7 +43,7 @@ class LiveView:
         self.file = file or sys.stdout
         self.rich = self.file.isatty() if rich is None else rich
         self.total, self.completed, self.clock, self.max_rows = total, 0, clock, max_rows
-        self.label, self.cap, self.speculative = "", "-", True
+        self.label, self.cap, self.speculative, self.engine = "", "-", True, True
         self._reqs: dict[int, _Req] = {}
         self._live = None
         self._last_paint = 0.0
@@ -53,6 +53,7 @@ class LiveView:
         self._reqs.clear()
         self.t0 = self.clock()
         self.tokens, self.mode, self.width = 0, "Idle", 0
+        self.final: tuple[int, float] | None = None  # (tokens, aggregate tok/s) of the run, once it ended
         self.transitions = {"preempt": 0, "gate": 0, "resume": 0, "capture": 0}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -71,18 +72,27 @@ class LiveView:
             self._live.__exit__(*exc)
             self._live = None
 
-    def begin(self, label: str, *, speculative: bool = True, cap: str = "-") -> None:
-        """A new run (one arm at one concurrency, one repeat): per-run figures start over."""
-        self.label, self.speculative, self.cap = label, speculative, cap
+    def begin(self, label: str, *, speculative: bool = True, cap: str = "-", engine: bool = True) -> None:
+        """A new run (one arm at one concurrency, one repeat): per-run figures start over.
+        `engine` False: a server (bench --url), whose mode, cap and transitions are not seen here."""
+        self.label, self.speculative, self.cap, self.engine = label, speculative, cap, engine
         self._reset()
         if not self.rich:
-            self._line(f"== {label} (cap {cap})")
+            self._line(f"== {label}" + (f" (cap {cap})" if engine else ""))
         self._paint(force=True)
 
-    def end(self) -> None:
+    def end(self, outcomes: Sequence | None = None) -> None:
+        """The run is over. With its outcomes, the line says the run's tokens and aggregate tok/s as
+        the summary and the files compute them (gmlx_cli.workload.run_aggregate: every request's
+        end counts); without, the running figures from the events."""
+        if outcomes is not None:
+            from gmlx_cli.workload import run_aggregate
+
+            self.final = run_aggregate(outcomes)
+        tokens, tps = self.final or (self.tokens, self.aggregate_tps())
         if not self.rich:
-            self._line(f"   {self.label}: {self.tokens} tokens, {self.aggregate_tps():.1f} tok/s aggregate,"
-                       f" transitions {self._transitions_text()}")
+            self._line(f"   {self.label}: {tokens} tokens, {_fmt_rate(tps)} tok/s aggregate"
+                       + (f", transitions {self._transitions_text()}" if self.engine else ""))
         self._paint(force=True)
 
     # -- inputs --------------------------------------------------------------------------------
@@ -111,7 +121,7 @@ class LiveView:
             self.completed += 1
             if not self.rich and r is not None:
                 line = " ".join(f"{k} {v}" for k, v in zip(_COLUMNS, self._row(r, now)) if k != "state")
-                self._line("   " + line + (" (finished before its first token)" if r.tokens == 0 else ""))
+                self._line("   " + line + (_NO_TOKEN.get(ev.reason, _NO_TOKEN[None]) if r.tokens == 0 else ""))
         self._paint()
 
     # -- what is shown -------------------------------------------------------------------------
@@ -123,8 +133,11 @@ class LiveView:
         return " ".join(f"{k} {v}" for k, v in self.transitions.items())
 
     def header(self) -> str:
+        tps = self.final[1] if self.final else self.aggregate_tps()
+        if not self.engine:  # a server: only what a client sees
+            return f"{self.label}  in flight {len(self._reqs)}  {_fmt_rate(tps)} tok/s"
         return (f"{self.label}  mode {self.mode}  width {self.width}  cap {self.cap}  "
-                f"{self.aggregate_tps():.1f} tok/s  {self._transitions_text()}")
+                f"{_fmt_rate(tps)} tok/s  {self._transitions_text()}")
 
     def _row(self, r: _Req, now: float) -> tuple[str, ...]:
         acc = f"{r.accepted / r.drafted:.0%}" if r.drafted else "-"
@@ -172,6 +185,15 @@ class LiveView:
 
 
 _COLUMNS = ("id", "state", "tokens", "accept", "mean len", "tok/s", "TTFT")
+# A finished request without a token, by finish reason (the FINISH event's `reason`, where the
+# driver knows it: bench --url); the engine's own FINISH events carry none.
+_NO_TOKEN = {None: " (finished before its first token)", "stop": " (ended at EOS before its first token)",
+             "rejected": " (rejected by the server: HTTP 429)", "error": " (failed before its first token)",
+             "cancelled": " (cancelled before its first token)", "length": " (finished before its first token)"}
+
+
+def _fmt_rate(v: float) -> str:
+    return "-" if v != v else f"{v:.1f}"
 
 
 def rich_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]):

@@ -8,6 +8,10 @@ from pathlib import Path
 
 from gmlx.errors import InvalidRequest
 
+# Where `gmlx bench` writes without --out: ./runs, a scratch directory (ignored by this repository's
+# .gitignore), never the committed bench_results/ (those are curated runs, each with its README line).
+DEFAULT_OUT = Path("runs")
+
 
 def check_out_dir(out: Path, flag: str = "--out") -> None:
     """`out` is a writable directory, or one that can be created; nothing is created here."""

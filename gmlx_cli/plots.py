@@ -17,13 +17,24 @@ def _pyplot():
     return plt
 
 
+def bench_series(cells: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """What the bench figure draws, per arm: concurrency, aggregate tok/s (the cells' own column,
+    as the summary and the files have it) and TTFT p50 in ms."""
+    out = {}
+    for arm, df in cells.groupby("arm", sort=False):
+        df = df.sort_values("concurrency")
+        out[arm] = pd.DataFrame({"concurrency": df.concurrency.to_numpy(),
+                                 "aggregate_tokens_per_s": df.aggregate_tokens_per_s.to_numpy(),
+                                 "ttft_p50_ms": df.ttft_p50_s.to_numpy() * 1000})
+    return out
+
+
 def plot_bench(cells: pd.DataFrame, path: Path) -> Path:
     plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for arm, df in cells.groupby("arm", sort=False):
-        df = df.sort_values("concurrency")
+    for arm, df in bench_series(cells).items():
         a.plot(df.concurrency, df.aggregate_tokens_per_s, marker="o", label=arm)
-        b.plot(df.concurrency, df.ttft_p50_s * 1000, marker="o", label=arm)
+        b.plot(df.concurrency, df.ttft_p50_ms, marker="o", label=arm)
     a.set(xlabel="concurrency", ylabel="aggregate tokens/s", title="throughput")
     b.set(xlabel="concurrency", ylabel="TTFT p50 (ms)", title="time to first token")
     return _save(plt, fig, (a, b), sorted(cells.concurrency.unique()), path)

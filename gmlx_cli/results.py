@@ -18,6 +18,7 @@ import pandas as pd
 
 from gmlx.errors import ConfigError
 from gmlx.machine import describe
+from gmlx_cli.workload import aggregate_tokens_per_s
 
 TRANSITIONS = ("preempt", "gate", "resume", "capture")
 ENV_SWITCHES = ("GMLX_MTP_PREEMPT", "GMLX_MTP_RESUME", "GMLX_MTP_WIDTH_CAP", "GMLX_OPENBLAS", "GMLX_CONFIG")
@@ -25,7 +26,8 @@ REQUEST_COLUMNS = {  # name -> dtype: the per-request table's contract (tests ch
     "arm": "object", "concurrency": "int64", "repeat": "int64", "request_id": "int64", "prompt_tokens": "object",
     "tokens": "object", "num_prompt_tokens": "int64", "num_generated": "int64", "max_tokens": "int64",
     "finish_reason": "object", "seed": "int64", "temperature": "float64", "submit_s": "float64",
-    "ttft_s": "float64", "e2e_s": "float64", "tokens_per_s": "float64", "itl_s": "object", "itl_p50_s": "float64",
+    "ttft_s": "float64", "e2e_s": "float64", "end_s": "float64", "tokens_per_s": "float64", "itl_s": "object",
+    "itl_p50_s": "float64",
     "num_drafted": "int64", "num_accepted": "int64", "num_rounds": "int64", "draft_acceptance_rate": "float64",
     "mean_acceptance_length": "float64", "eos_first": "bool",
 }
@@ -37,7 +39,15 @@ CELL_COLUMNS = {
     "draft_acceptance_rate": "float64", "mean_acceptance_length": "float64",
     **{t: "int64" for t in TRANSITIONS}, "partial": "bool", "eos_first": "int64", "num_rounds": "int64",
     "speedup_vs_plain": "float64", "ideal_speedup": "float64", "achieved_over_ideal": "float64",
+    "rejected": "int64",
 }
+# What only the in-process engine knows: absent (not guessed) from a server's rows (bench --url).
+# A server's acceptance comes from its /metrics counters per cell (num_drafted, num_accepted and
+# the rates; null where it exposes none), never per request.
+ENGINE_ONLY_CELL = ("speculative", "switch_preempt", "switch_resume", *TRANSITIONS, "num_rounds", "speedup_vs_plain",
+                    "ideal_speedup", "achieved_over_ideal")
+ENGINE_ONLY_REQUEST = ("num_drafted", "num_accepted", "num_rounds", "draft_acceptance_rate", "mean_acceptance_length")
+SERVER_CELL_DTYPES = {"num_drafted": "Int64", "num_accepted": "Int64"}  # null: the server exposes no counters
 
 
 def metadata(**extra) -> dict:
@@ -52,11 +62,19 @@ def _q(values, q: float) -> float:
 
 
 # -- bench -------------------------------------------------------------------------------------
+def _served(runs) -> bool:
+    """Every run went to a server (bench --url): the engine-only columns are left out."""
+    runs = list(runs)
+    return bool(runs) and all(r.arm.backend == "http" for r in runs)
+
+
 def requests_frame(runs) -> pd.DataFrame:
+    """One row per request and run. `end_s`: when it ended, whatever the reason; `e2e_s` = end -
+    submit, defined for every request (one that ended at EOS first, was cancelled or rejected too)."""
     rows = []
     for run in runs:
         for o in run.outcomes:
-            s, last = o.stats, (o.chunks[-1][0] if o.chunks else math.nan)
+            s, end = o.stats, o.ended_s
             drafted = s.get("num_drafted", 0)
             # Over HTTP the counts may come from `usage` without the ids (gmlx_cli/http_backend.py).
             n_out = getattr(o, "num_generated", len(o.tokens))
@@ -67,7 +85,7 @@ def requests_frame(runs) -> pd.DataFrame:
                 "num_prompt_tokens": n_prompt, "num_generated": n_out,
                 "max_tokens": o.request.params.max_tokens, "finish_reason": o.finish_reason,
                 "seed": o.request.params.seed, "temperature": float(o.request.params.temperature),
-                "submit_s": o.submit_s, "ttft_s": o.ttft_s, "e2e_s": last - o.submit_s,
+                "submit_s": o.submit_s, "ttft_s": o.ttft_s, "e2e_s": end - o.submit_s, "end_s": end,
                 # A rate needs two tokens: an undefined one is NaN, so medians skip it instead of counting 0.
                 "tokens_per_s": o.tokens_per_s if n_out > 1 else math.nan,
                 "itl_s": o.itl_s, "itl_p50_s": _q(o.itl_s, 0.5),
@@ -77,39 +95,80 @@ def requests_frame(runs) -> pd.DataFrame:
                 "mean_acceptance_length": s.get("mean_acceptance_length", 0.0) if drafted else math.nan,
                 "eos_first": o.finish_reason == "stop" and not n_out})
     df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
-    return df.astype({k: v for k, v in REQUEST_COLUMNS.items() if v != "object"})
+    df = df.astype({k: v for k, v in REQUEST_COLUMNS.items() if v != "object"})
+    return df.drop(columns=list(ENGINE_ONLY_REQUEST)) if _served(runs) else df
+
+
+def run_aggregates(runs, requests: pd.DataFrame) -> list[dict]:
+    """Per run: its tokens, first submit, last end and aggregate tok/s (the figure its live line
+    showed), from the request rows through `gmlx_cli.workload.aggregate_tokens_per_s`."""
+    out = []
+    for r in runs:
+        rr = requests[(requests.arm == r.arm.name) & (requests.concurrency == r.concurrency)
+                      & (requests.repeat == r.repeat)]
+        out.append({"arm": r.arm.name, "concurrency": r.concurrency, "repeat": r.repeat,
+                    "tokens": int(rr.num_generated.sum()),
+                    "first_submit_s": float(rr.submit_s.min()) if len(rr) else math.nan,
+                    "last_end_s": float(rr.end_s.max()) if len(rr) else math.nan,
+                    "aggregate_tokens_per_s": aggregate_tokens_per_s(rr.num_generated, rr.submit_s, rr.end_s),
+                    "complete": bool(r.complete),
+                    **({"server_spec_counters": r.server_spec} if r.arm.backend == "http" else {})})
+    return out
+
+
+def _server_acceptance(mine) -> dict:
+    """A server's cell: acceptance from the differences of its /metrics counters across each run
+    (vLLM's definitions: rate = accepted / draft tokens, mean length = 1 + accepted / drafts);
+    null where a run has none (the server exposes no such counters)."""
+    deltas = [getattr(r, "server_spec", None) for r in mine]
+    if not deltas or any(d is None for d in deltas):
+        return {"num_drafted": None, "num_accepted": None, "draft_acceptance_rate": math.nan,
+                "mean_acceptance_length": math.nan}
+    drafts, drafted, accepted = (sum(d[k] for d in deltas) for k in ("drafts", "draft_tokens", "accepted"))
+    return {"num_drafted": drafted, "num_accepted": accepted,
+            "draft_acceptance_rate": accepted / drafted if drafted else math.nan,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else math.nan}
 
 
 def cells_frame(runs, requests: pd.DataFrame, repeats: int | None = None) -> pd.DataFrame:
     """One row per (arm, concurrency): percentiles over all its requests and repeats; aggregate
-    tok/s is the median over repeats of (tokens / first submit to last token). `partial`: a run
-    of the cell was cut off, or fewer than `repeats` ran (an interrupt)."""
+    tok/s is the median over repeats of each run's tokens / (last end - first submit), every
+    request counted however it ended (`run_aggregates`). `partial`: a run of the cell was cut off,
+    or fewer than `repeats` ran (an interrupt). For a server (bench --url) the engine-only columns
+    are left out and acceptance comes from its /metrics (`_server_acceptance`)."""
     out = []
+    served = _served(runs)
     keys = dict.fromkeys((r.arm, r.concurrency) for r in runs)
     for arm, c in keys:
         mine = [r for r in runs if r.arm == arm and r.concurrency == c]
         req = requests[(requests.arm == arm.name) & (requests.concurrency == c)]
-        agg = []
-        for r in mine:
-            rr = req[req.repeat == r.repeat]
-            span = (rr.submit_s + rr.e2e_s).max() - rr.submit_s.min() if len(rr) else math.nan
-            agg.append(rr.num_generated.sum() / span if span and span > 0 else math.nan)
-        drafted, accepted, rounds = int(req.num_drafted.sum()), int(req.num_accepted.sum()), int(req.num_rounds.sum())
+        agg = [a["aggregate_tokens_per_s"] for a in run_aggregates(mine, requests)]
+        if served:
+            spec = _server_acceptance(mine)
+            rounds = 0
+        else:
+            drafted, accepted = int(req.num_drafted.sum()), int(req.num_accepted.sum())
+            rounds = int(req.num_rounds.sum())
+            spec = {"num_drafted": drafted, "num_accepted": accepted,
+                    "draft_acceptance_rate": accepted / drafted if drafted else math.nan,
+                    "mean_acceptance_length": 1 + accepted / rounds if rounds else math.nan}
         itl = [g for gaps in req.itl_s for g in gaps]
         out.append({
             "arm": arm.name, "concurrency": c, "speculative": bool(arm.speculative), "switch_preempt": arm.preempt,
             "switch_resume": arm.resume, "repeats": len(mine), "requests": len(req), "tokens": int(req.num_generated.sum()),
             "ttft_p50_s": _q(req.ttft_s, 0.5), "ttft_p95_s": _q(req.ttft_s, 0.95), "itl_p50_s": _q(itl, 0.5),
             "itl_p95_s": _q(itl, 0.95), "tokens_per_s_p50": _q(req.tokens_per_s, 0.5),
-            "aggregate_tokens_per_s": _q(agg, 0.5), "num_drafted": drafted, "num_accepted": accepted,
-            "draft_acceptance_rate": accepted / drafted if drafted else math.nan,
-            "mean_acceptance_length": 1 + accepted / rounds if rounds else math.nan,
+            "aggregate_tokens_per_s": _q(agg, 0.5), **spec,
             **{t: sum(r.transitions.get(t, 0) for r in mine) for t in TRANSITIONS},
             "partial": not all(r.complete for r in mine) or (repeats is not None and len(mine) < repeats),
             "eos_first": int(req.eos_first.sum()), "num_rounds": rounds,
             # filled by gmlx_cli/ideal.py where a gmlx plain cell ran at the same concurrency
-            "speedup_vs_plain": math.nan, "ideal_speedup": math.nan, "achieved_over_ideal": math.nan})
+            "speedup_vs_plain": math.nan, "ideal_speedup": math.nan, "achieved_over_ideal": math.nan,
+            "rejected": int((req.finish_reason == "rejected").sum())})
     df = pd.DataFrame(out, columns=list(CELL_COLUMNS))
+    if served:
+        dtypes = {k: SERVER_CELL_DTYPES.get(k, v) for k, v in CELL_COLUMNS.items() if k not in ENGINE_ONLY_CELL}
+        return df.drop(columns=list(ENGINE_ONLY_CELL)).astype({k: v for k, v in dtypes.items() if v != "object"})
     return df.astype({k: v for k, v in CELL_COLUMNS.items() if v != "object"})
 
 
@@ -119,41 +178,69 @@ SUMMARY_TITLES = ("summary per cell: latency (ms) and throughput (tok/s)", "summ
 
 
 def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]]]:
-    """The printed per-cell summary as two narrow tables (each fits 80 columns with the longest arm
+    """The printed per-cell summary as narrow tables (each fits 80 columns with the longest arm
     name): times in ms; acceptance (vLLM's draft_acceptance_rate and mean_acceptance_length, named
-    so in the files) is `-` wherever nothing was drafted. A partial cell's arm carries a `*`."""
+    so in the files) is `-` wherever nothing was drafted. A partial cell's arm carries a `*`; a
+    `rej` column appears where a server refused requests (HTTP 429). A server's cells (bench --url)
+    have no transitions, and no speculation table when it exposes no acceptance counters."""
     def arm(c) -> str:
         return c.arm + (PARTIAL_MARK if c.partial else "")
 
-    timing = (["arm", "conc", "TTFT\np50", "TTFT\np95", "ITL\np50", "ITL\np95", "req\ntok/s", "agg\ntok/s"],
+    rejected = "rejected" in cells.columns and bool(cells.rejected.any())
+    timing = (["arm", "conc", "TTFT\np50", "TTFT\np95", "ITL\np50", "ITL\np95", "req\ntok/s", "agg\ntok/s"]
+              + (["rej"] if rejected else []),
               [[arm(c), c.concurrency, c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3, c.itl_p50_s * 1e3, c.itl_p95_s * 1e3,
-                c.tokens_per_s_p50, c.aggregate_tokens_per_s] for c in cells.itertuples()])
-    spec = (["arm", "conc", "accept\nrate", "mean\nacc len", *TRANSITIONS],
-            [[arm(c), c.concurrency, c.draft_acceptance_rate, c.mean_acceptance_length,
-              *(getattr(c, t) for t in TRANSITIONS)] for c in cells.itertuples()])
-    tables = [(SUMMARY_TITLES[0], *timing), (SUMMARY_TITLES[1], *spec)]
-    vs = [[arm(c), c.concurrency, c.speedup_vs_plain, c.ideal_speedup, c.achieved_over_ideal]
-          for c in cells.itertuples() if c.ideal_speedup == c.ideal_speedup]  # NaN: nothing to compare
-    if vs:
-        tables.append((SUMMARY_TITLES[2], ["arm", "conc", "speedup\nvs plain", "ideal\nspeedup", "achieved\n/ideal"], vs))
+                c.tokens_per_s_p50, c.aggregate_tokens_per_s] + ([c.rejected] if rejected else [])
+               for c in cells.itertuples()])
+    tables = [(SUMMARY_TITLES[0], *timing)]
+    engine = all(t in cells.columns for t in TRANSITIONS)
+    if engine or cells.draft_acceptance_rate.notna().any():
+        shown = TRANSITIONS if engine else ()
+        tables.append((SUMMARY_TITLES[1], ["arm", "conc", "accept\nrate", "mean\nacc len", *shown],
+                       [[arm(c), c.concurrency, c.draft_acceptance_rate, c.mean_acceptance_length,
+                         *(getattr(c, t) for t in shown)] for c in cells.itertuples()]))
+    if "ideal_speedup" in cells.columns:
+        vs = [[arm(c), c.concurrency, c.speedup_vs_plain, c.ideal_speedup, c.achieved_over_ideal]
+              for c in cells.itertuples() if c.ideal_speedup == c.ideal_speedup]  # NaN: nothing to compare
+        if vs:
+            tables.append((SUMMARY_TITLES[2], ["arm", "conc", "speedup\nvs plain", "ideal\nspeedup",
+                                               "achieved\n/ideal"], vs))
     return tables
 
 
+def _ids_by_cells(cells: pd.DataFrame, requests: pd.DataFrame, mask) -> dict[tuple, list[str]]:
+    """request ids -> the cells where exactly those match `mask` (a boolean Series over requests)."""
+    out: dict[tuple, list[str]] = {}
+    for c in cells.itertuples():
+        mine = requests[(requests.arm == c.arm) & (requests.concurrency == c.concurrency) & mask]
+        if len(mine):
+            out.setdefault(tuple(sorted(set(mine.request_id))), []).append(f"{c.arm} c={c.concurrency}")
+    return out
+
+
 def summary_notes(cells: pd.DataFrame, requests: pd.DataFrame) -> list[str]:
-    """Lines under the summary: the legend, partial cells, requests that ended at EOS first."""
-    notes = ["req tok/s: median per request after its first token; agg tok/s: tokens / span",
-             "accept rate, mean acc len: `-` where nothing was drafted"]
+    """Lines under the summary: the legend, partial cells, requests that ended at EOS first, and
+    requests a server refused."""
+    served = "speculative" not in cells.columns
+    notes = ["req tok/s: median per request after its first token",
+             "agg tok/s: tokens / (last end - first submit), every request counted however it ended"]
+    if not served:
+        notes.append("accept rate, mean acc len: `-` where nothing was drafted")
+    elif cells.draft_acceptance_rate.notna().any():
+        notes.append("accept rate, mean acc len: the server's /metrics counters across each cell (exact while"
+                     " nothing else uses it)")
+    else:
+        notes.append("acceptance: unknown (the server's /metrics has no spec_decode counters)")
     if cells.partial.any():
         notes.append(f"{PARTIAL_MARK} partial: interrupted before every request and repeat of the cell finished")
-    eos = {}  # request ids -> the cells where exactly those ended at EOS first
-    for c in cells.itertuples():
-        mine = requests[(requests.arm == c.arm) & (requests.concurrency == c.concurrency) & requests.eos_first]
-        if len(mine):
-            eos.setdefault(tuple(sorted(set(mine.request_id))), []).append(f"{c.arm} c={c.concurrency}")
-    for ids, where in eos.items():
+    for ids, where in _ids_by_cells(cells, requests, requests.eos_first).items():
         n, scope = len(ids), "every cell" if len(where) == len(cells) else ", ".join(where)
         notes.append(f"request{'s' if n > 1 else ''} {', '.join(map(str, ids))} ended at EOS before"
                      f" {'their' if n > 1 else 'its'} first token ({scope}): no TTFT or tok/s, left out of those")
+    for ids, where in _ids_by_cells(cells, requests, requests.finish_reason == "rejected").items():
+        n, scope = len(ids), "every cell" if len(where) == len(cells) else ", ".join(where)
+        notes.append(f"request{'s' if n > 1 else ''} {', '.join(map(str, ids))} rejected by the server (HTTP 429)"
+                     f" ({scope}): no tokens; in the span, not in TTFT or tok/s")
     return notes
 
 

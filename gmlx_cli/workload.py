@@ -9,16 +9,19 @@ in a thread we would have to unwind. Rounds and admission are the engine's own, 
 Timing is taken where a streaming client would see it: when a round's pieces are handed over
 (the end of `step()`). TTFT = first piece - submit; ITL = gaps between successive piece arrivals
 that carried tokens (vLLM's per-chunk definition: a speculative round delivers several tokens at
-once, and a client waits for the chunk, not for each token).
+once, and a client waits for the chunk, not for each token). Every request also has an end: the
+round that finished it (one that ended at EOS before any token included), or the interrupt; a
+run's aggregate throughput is its tokens / (last end - first submit), `aggregate_tokens_per_s`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,6 +184,19 @@ class Outcome:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: dict = field(default_factory=dict)
+    end_s: float | None = None  # when it ended, whatever the reason (EOS first, cancelled, rejected included)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def ended_s(self) -> float:
+        """Its end time: `end_s` as the driver recorded it; for an outcome built without one, its
+        last chunk (else its submit time)."""
+        if self.end_s is not None:
+            return self.end_s
+        return self.chunks[-1][0] if self.chunks else self.submit_s
 
     @property
     def ttft_s(self) -> float | None:
@@ -196,6 +212,25 @@ class Outcome:
         n = sum(c for _, c in self.chunks)
         dt = self.chunks[-1][0] - self.chunks[0][0] if self.chunks else 0.0
         return (n - 1) / dt if n > 1 and dt > 0 else 0.0
+
+
+def aggregate_tokens_per_s(tokens: Iterable[int], submit_s: Iterable[float], end_s: Iterable[float]) -> float:
+    """A run's aggregate throughput, the one figure the live line, the summary, the JSON, the CSV and
+    the PNG show: all its tokens / (its last end - its first submit). Every request counts, however
+    it ended (at EOS before a token, cancelled, rejected): each has an end, and the span covers it.
+    NaN for a run with no requests or no time."""
+    tokens, submit_s, end_s = list(tokens), list(submit_s), list(end_s)
+    if not submit_s or not end_s:
+        return math.nan
+    span = max(end_s) - min(submit_s)
+    return sum(tokens) / span if span > 0 else math.nan
+
+
+def run_aggregate(outcomes: Iterable[Outcome]) -> tuple[int, float]:
+    """(tokens, aggregate tok/s) of one run's outcomes (`aggregate_tokens_per_s`)."""
+    outs = list(outcomes)
+    tokens = [o.num_generated for o in outs]
+    return sum(tokens), aggregate_tokens_per_s(tokens, [o.submit_s for o in outs], [o.ended_s for o in outs])
 
 
 class Backend:
@@ -281,6 +316,7 @@ def drive(backend: Backend, requests: list[Request], prompt_ids: dict[int, list[
                 elif ev.kind is EventKind.FINISH and ev.rid in live:
                     out = live.pop(ev.rid)
                     out.tokens, out.finish_reason, out.stats = backend.result(ev.rid)
+                    out.end_s = t
                     done.append(out)
                 if on_event:
                     on_event(ev)
@@ -291,7 +327,9 @@ def drive(backend: Backend, requests: list[Request], prompt_ids: dict[int, list[
         except Exception:
             if ok:  # after an interrupt, a failing close must not mask the interrupt
                 raise
+        cut = clock() - t0
         for rid, out in live.items():  # interrupted: keep what they produced
+            out.end_s = cut
             reason = None
             try:  # the engine's record says "cancelled", or how it ended if that was this very round
                 out.tokens, reason, out.stats = backend.result(rid)

@@ -60,7 +60,8 @@ def test_bench_url_table_json_and_budgets(srv, lm, tmp_path):
         assert all(g >= 0 for g in req["itl_s"]) and len(req["itl_s"]) <= 5
     for cell in obj["cells"]:
         assert cell["tokens"] == 18 and cell["aggregate_tokens_per_s"] > 0 and cell["ttft_p50_s"] > 0
-        assert cell["num_drafted"] == 0 and cell["partial"] is False
+        # acceptance: the server's own /metrics counters (tests/test_bench_measure.py checks the values)
+        assert cell["num_drafted"] >= cell["num_accepted"] >= 0 and cell["partial"] is False
     assert only(tmp_path, "bench-*-requests.csv") and only(tmp_path, "bench-*.png")
 
 
