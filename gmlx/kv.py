@@ -29,6 +29,8 @@ import numpy as np
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
 
+from gmlx.recurrent import RecurrentCache, recurrent_layers
+
 Mask = mx.array | str | None
 
 
@@ -264,14 +266,28 @@ def _padded(c: RaggedKVCache, cap: int, ref: RaggedKVCache) -> tuple[mx.array, m
 
 
 # -- helpers over a model's cache (a list with one cache per layer) ----------
-def make_ragged_cache(model: Any, batch_size: int = 0) -> list[RaggedKVCache]:
+def make_ragged_cache(model: Any, batch_size: int = 0, span: int = 0) -> list[RaggedKVCache]:
+    """One cache per layer: a RaggedKVCache, or a RecurrentCache (gmlx/recurrent.py) where the
+    model's own cache is a recurrent state (`span`: one-token steps kept reachable by a trim)."""
     layers = model.layers if hasattr(model, "layers") else model.model.layers
-    return [RaggedKVCache(batch_size) for _ in layers]
+    rec = {i: n for i, _, n in recurrent_layers(model)} if hasattr(model, "make_cache") else {}
+    return [RecurrentCache(rec[i], batch_size, span=span) if i in rec else RaggedKVCache(batch_size)
+            for i in range(len(layers))]
 
 
 def lift_caches(requests: Sequence[Sequence[KVCache]]) -> list[RaggedKVCache]:
-    """requests[r][l] is request r's layer-l KVCache -> per-layer batch."""
-    return [RaggedKVCache.lift(layer) for layer in zip(*requests)]
+    """requests[r][l] is request r's layer-l KVCache (or RecurrentCache) -> per-layer batch."""
+    return [RecurrentCache.lift(layer) if isinstance(layer[0], RecurrentCache) else RaggedKVCache.lift(layer)
+            for layer in zip(*requests)]
+
+
+def row_lengths(caches: Sequence[Any]) -> np.ndarray:
+    """Each row's cached length (host), from the first attention layer (a recurrent layer counts
+    the same tokens)."""
+    for c in caches:
+        if isinstance(c, RaggedKVCache):
+            return c.lengths
+    return caches[0].positions if caches else np.zeros(0, dtype=np.int64)
 
 
 def trim_rows(caches: Sequence[RaggedKVCache], ns: Sequence[int] | np.ndarray) -> None:

@@ -16,6 +16,9 @@ Invariants:
 - `nbytes` == sum of the entries' KV bytes plus their drafters' `nbytes`, and <= max_bytes;
 - a hit is a prefix of the query of length 1 <= length <= len(query) - 1: the engine needs the
   last prompt token pending, to produce its logits;
+- a hybrid target's recurrent layers (`gmlx.recurrent.RecurrentCache`) hold the state after exactly
+  len(tokens) tokens: it stands for that whole sequence only, so such an entry is reused only as a
+  whole (a prompt that extends it, e.g. the next turn of a chat), never cut to a shorter prefix;
 - a hit's caches are new KVCache objects over new arrays (MLX arrays are immutable values, so
   a caller's writes can never reach the stored entry); the drafter state is handed out as
   stored, and only when the hit covers the whole entry (it describes that length only) —
@@ -34,6 +37,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
+from gmlx.recurrent import RecurrentCache
+
 
 @dataclass
 class Hit:
@@ -48,9 +53,15 @@ class _Entry:
     caches: list[KVCache]
     drafter: Any | None
     nbytes: int
+    whole_only: bool = False  # recurrent layers: reusable only as the whole sequence
 
 
 def _slice(c: KVCache, n: int, *, own: bool) -> KVCache:
+    if isinstance(c, RecurrentCache):  # a state after exactly n tokens (checked by insert / lookup)
+        out = c.copy()
+        if own:
+            out.cache = [None if a is None else mx.contiguous(a) for a in out.cache]
+        return out
     out = KVCache()
     k, v = c.keys[..., :n, :], c.values[..., :n, :]
     # A slice is a view that keeps the whole source buffer alive; `own` forces a compact copy.
@@ -107,6 +118,8 @@ class PromptCache:
                 if e.tokens[0] != query[0]:
                     continue
                 n = min(_common_prefix(e.tokens, query), limit)
+                if e.whole_only and n < len(e.tokens):  # a recurrent state stands for its whole sequence
+                    continue
                 score = (n, n == len(e.tokens))
                 if score > best:
                     best, best_key = score, key
@@ -129,8 +142,13 @@ class PromptCache:
         if n == 0:
             return False
         for c in caches:
+            if isinstance(c, RecurrentCache):
+                if c.offset != n or c.batch_size != 1:  # its state stands for offset tokens, not n
+                    return False
+                continue
             if not isinstance(c, KVCache):
-                raise TypeError(f"PromptCache stores mlx-lm KVCache layers only, got {type(c).__name__}")
+                raise TypeError(f"PromptCache stores mlx-lm KVCache (and gmlx RecurrentCache) layers only, got"
+                                f" {type(c).__name__}")
             if c.offset < n or c.keys is None or c.keys.shape[0] != 1:
                 raise ValueError(f"a cache with offset {c.offset} cannot hold {n} tokens of one sequence")
         stored = [_slice(c, n, own=True) for c in caches]
@@ -139,9 +157,10 @@ class PromptCache:
             return False
         # Materialise the compact copies now, so that a lazy graph does not keep the caller's
         # full-capacity buffers alive and `nbytes` is true.
-        mx.eval([a for c in stored for a in (c.keys, c.values)])  # sync: state, copies of retired KV
+        mx.eval([c.state for c in stored])  # sync: state, copies of retired KV
         key = tuple(int(t) for t in tokens)
-        entry = _Entry(np.asarray(key, dtype=np.int64), stored, drafter, size)
+        entry = _Entry(np.asarray(key, dtype=np.int64), stored, drafter, size,
+                       whole_only=any(isinstance(c, RecurrentCache) for c in stored))
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:

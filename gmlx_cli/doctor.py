@@ -47,6 +47,14 @@ def _drafter(lm, engine) -> str:
     return kind + also
 
 
+def _hybrid(lm) -> str:
+    """A hybrid target's recurrent layers and what rolling them back costs (gmlx/recurrent.py)."""
+    from gmlx import recurrent
+
+    line = recurrent.describe(lm.target.model, lm.rollback_blockers)
+    return f"; {line}" if line else ""
+
+
 def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: DrafterOpt = None,
            debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
     """Report platform, versions, the BLAS in use and the model's speculative defaults."""
@@ -80,7 +88,8 @@ def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: D
             ("path", str(lm.path)),
             ("origin", describe_origin(lm.path) or "mlx-lm model directory"),
             ("drafter", _drafter(lm, engine)),
-            ("target", f"{'routed-expert (MoE)' if lm.is_moe else 'dense'}, hidden {lm.target.hidden_convention}"),
+            ("target", f"{'routed-expert (MoE)' if lm.is_moe else 'dense'}, hidden {lm.target.hidden_convention}"
+                       + _hybrid(lm)),
             ("num_draft_tokens", _k_by_width(engine) if engine.speculative else f"{lm.default_k} (unused)"),
             ("speculation", engine.spec.summary()),
             ("speculative_width_cap", f"{cap} ({cap_source})"),

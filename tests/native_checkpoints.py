@@ -162,3 +162,66 @@ def qwen3_checkpoint(path: Path, seed: int = 0, with_mtp: bool = True) -> tuple[
         ref = _qwen_mtp(qwen3.TransformerBlock(args), seed)
         shards["mtp.safetensors"] = _qwen_mtp_tensors(ref, zero_centred=False)
     return write_model(path, QWEN3_CONFIG, shards), ref
+
+
+# -- Qwen3.5 layout (dense and MoE): the text model under `model.language_model.*` ---------------
+Q35_TEXT = {
+    "model_type": "qwen3_5_text", "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 512,
+    "tie_word_embeddings": False, "mtp_num_hidden_layers": 1,
+    "rope_parameters": {"type": "default", "mrope_section": [2, 2, 4], "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+}
+Q35_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32}
+
+
+def _fuse_experts(flat: dict[str, mx.array]) -> dict[str, mx.array]:
+    """mlx-lm's `switch_mlp.{gate,up,down}_proj.weight` -> HF Qwen3.5-MoE's fused
+    `experts.gate_up_proj` [E, 2I, D] and `experts.down_proj` [E, D, I]."""
+    out = {}
+    for k, v in flat.items():
+        if ".switch_mlp.gate_proj." in k:
+            head = k.split(".switch_mlp.")[0]
+            out[f"{head}.experts.gate_up_proj"] = mx.concatenate([v, flat[k.replace("gate_proj", "up_proj")]], axis=-2)
+        elif ".switch_mlp.down_proj." in k:
+            out[k.split(".switch_mlp.")[0] + ".experts.down_proj"] = v
+        elif ".switch_mlp." not in k:
+            out[k] = v
+    return out
+
+
+def qwen3_5_checkpoint(path: Path, seed: int = 0, moe: bool = False) -> tuple[Path, dict[str, mx.array], nn.Module]:
+    """A Qwen3.5 (`moe`: Qwen3.5-MoE) hybrid target in the HF layout mlx-lm's sanitize expects
+    (text model under `model.language_model.`, zero-centred norms, HF conv1d shape, fused experts)
+    with its `mtp.*` head. Returns the reference head parameters and the in-memory target."""
+    from mlx_lm.models import qwen3_5, qwen3_5_moe
+
+    text = {**Q35_TEXT, **(Q35_MOE if moe else {})}
+    if moe:
+        text["model_type"] = "qwen3_5_moe_text"
+    config = {"model_type": "qwen3_5_moe" if moe else "qwen3_5", "text_config": text}
+    family = qwen3_5_moe if moe else qwen3_5
+    model = family.Model(family.ModelArgs.from_dict(config))
+    flat = randomize(model, seed)
+    hf = {}
+    for k, v in flat.items():
+        if k.startswith("language_model.model."):
+            k = "model.language_model." + k[len("language_model.model."):]
+        elif k.startswith("language_model."):
+            k = k[len("language_model."):]
+        if "conv1d.weight" in k:
+            v = v.moveaxis(1, 2)
+        elif k.endswith(_ZERO_CENTRED[:5]) and v.ndim == 1:
+            v = v - 1.0
+        hf[k] = v
+    hf = _fuse_experts(hf) if moe else hf
+    args = model.language_model.args
+    ref = _qwen_mtp(qwen3_5.DecoderLayer(args, 3), seed)
+    mtp = {"mtp.layers.0." + k[len("layer."):]: v for k, v in ref.items() if k.startswith("layer.")}
+    mtp = _fuse_experts(mtp)
+    names = {"embed_norm": "pre_fc_norm_embedding", "hidden_norm": "pre_fc_norm_hidden", "out_norm": "norm", "fc": "fc"}
+    mtp.update({f"mtp.{names[k.split('.')[0]]}.weight": v for k, v in ref.items() if not k.startswith("layer.")})
+    mtp = {k: v - 1.0 if k.endswith("norm.weight") and v.ndim == 1 else v for k, v in mtp.items()}
+    hf.update(mtp)
+    return write_model(path, config, {"model.safetensors": hf}), ref, model

@@ -2,12 +2,14 @@
 interface, the target's hidden conventions, and loading without a head.
 
 Checkpoints are tiny and random (tests/native_checkpoints.py): "ds" a deepseek_v3 target with
-its MTP layer 61; "q3" a dense qwen3 target with Qwen3-Next-layout `mtp.*` tensors (a real
-qwen3_next target cannot roll back, so it cannot speculate: "qn" covers its loading only).
+its MTP layer 61; "q3" a dense qwen3 target with Qwen3-Next-layout `mtp.*` tensors; "qn" a real
+(hybrid) qwen3_next target, whose linear-attention layers roll back by per-position capture
+(gmlx/recurrent.py; tests/test_hybrid.py covers hybrids in depth).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import mlx.core as mx
@@ -118,15 +120,18 @@ def test_mlx_lm_model_loads_unchanged(lms, ckpts, name):
     assert mx.array_equal(lm.target(X, cache=None)[0], ref).item()
 
 
-def test_hf_qwen3_next_round_trip_and_no_rollback(lms, ckpts):
+def test_hf_qwen3_next_round_trip_and_rollback(lms, ckpts):
     """mlx-lm reads the HF-layout qwen3_next back to the weights it was built from, and its
-    linear-attention layers make speculation impossible: loaded, flagged, explained."""
+    linear-attention layers roll back (per-position capture), so it speculates; a target with a
+    blocker is explained."""
     lm, model = lms["qn"], ckpts["qn"][2]
     want = dict(tree_flatten(model.parameters()))
     for k, v in tree_flatten(lm.target.model.parameters()):
         np.testing.assert_allclose(np.array(v), np.array(want[k]), rtol=1e-6, atol=1e-6, err_msg=k)
-    assert not lm.can_rollback and lm.rollback_blockers == ("ArraysCache",) and not lm.can_speculate
-    assert "ArraysCache" in no_rollback_message(lm) and "without speculation" in no_rollback_message(lm)
+    assert lm.can_rollback and lm.rollback_blockers == () and lm.can_speculate
+    blocked = dataclasses.replace(lm, rollback_blockers=("ArraysCache (Mamba2Block: ...)",))
+    assert not blocked.can_speculate
+    assert "Mamba2Block" in no_rollback_message(blocked) and "without speculation" in no_rollback_message(blocked)
     assert lm.is_moe and lm.default_cap == 1 and "MoE" in lm.cap_source
     assert lms["ds"].can_rollback and lms["q3"].can_speculate
 
@@ -186,7 +191,7 @@ def test_bound_head_caches_incrementally_and_per_row(lms, name):
 # These go through gmlx.testing.run_scalar and the engine, i.e. gmlx/decode's loops. Until
 # the drafter protocol lands there, those loops call the head the old way and BoundHead serves
 # that call (BoundHead._legacy); afterwards the same tests run the bound interface.
-@pytest.mark.parametrize("name", ["ds", "q3"])
+@pytest.mark.parametrize("name", ["ds", "q3", "qn"])
 @pytest.mark.parametrize("temp,seed", [(0.0, 0), (0.8, 3)])
 def test_scalar_speculation_equals_plain(lms, name, temp, seed):
     lm = lms[name]
@@ -197,7 +202,7 @@ def test_scalar_speculation_equals_plain(lms, name, temp, seed):
     same_stream(lm, PROMPT, plain.tokens, spec.tokens, params)
 
 
-@pytest.mark.parametrize("name", ["ds", "q3"])
+@pytest.mark.parametrize("name", ["ds", "q3", "qn"])
 def test_batch_speculation_equals_plain(lms, name):
     lm = with_eos(lms[name], [])
     params = SamplingParams(temperature=0.0, max_tokens=12, seed=1)

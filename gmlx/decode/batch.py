@@ -28,7 +28,7 @@ from gmlx.decode.verify import RoundResult, verified
 from gmlx.drafters.base import DraftPick, Drafter
 from gmlx.engine import trace
 from gmlx.engine.row import Row
-from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
+from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, row_lengths, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
@@ -177,4 +177,4 @@ class BatchLoop:
         return results
 
     def kv_lengths(self) -> np.ndarray:
-        return self.cache[0].lengths if self.cache else np.zeros(0, dtype=np.int64)
+        return row_lengths(self.cache) if self.cache else np.zeros(0, dtype=np.int64)

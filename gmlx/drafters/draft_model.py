@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, make_ragged_cache, trim_rows
+from gmlx.recurrent import reach
 from gmlx.models.adapter import Target
 from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
 from gmlx.decode.prefill import prefill
@@ -74,6 +75,7 @@ class DraftModelDrafter(Drafter):
 
     def draft(self, st: DraftModelRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
         assert k >= 1 and st.tokens is not None
+        reach(st.cache, k)  # a hybrid draft model: its k-1 draft steps stay reachable by commit's trim
         p = st.tokens.shape[1]
         logits = self.model.logits(st.tokens, st.cache)  # [B, P, V]
         if (st.lengths == p).all():  # no padding (always so in the scalar loop): the last column

@@ -26,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from gmlx import recurrent
 from gmlx.errors import ModelLoadError
 from gmlx.models import dequantized
 from gmlx.models.heads import HIDDEN_CONVENTIONS, POST_NORM, PRE_NORM
@@ -51,6 +52,9 @@ class Target:
         self.hidden_size = int(getattr(self.embed_tokens, "dims", self.embed_tokens.weight.shape[1]))
         self.vocab_size = int(self.embed_tokens.weight.shape[0])
         self.num_layers = len(backbone.layers)
+        # Hybrid families: recurrent layers capture their state per position in a multi-token
+        # forward, so a verify rolls back exactly (gmlx/recurrent.py); why not, when they cannot.
+        self.recurrent_blockers = recurrent.install(model)
         # A quantized model on the CPU runs its multi-token forwards through a dequantized twin
         # (gmlx/models/dequantized.py): a verify of k+1 tokens then costs ~1.3 steps, not k+1.
         # One-token steps too when the twin is the faster there (measured at load).
@@ -90,7 +94,8 @@ class Target:
         return self.decode_model(tokens, cache=cache)
 
     def make_cache(self) -> list:
-        return make_prompt_cache(self.model)
+        caches = make_prompt_cache(self.model)
+        return caches if self.recurrent_blockers else recurrent.wrap_caches(caches)
 
     def check(self) -> None:
         """Load-time checks, each comparing like with like:

@@ -22,15 +22,18 @@ Default cap (used when no CLI flag, GMLX_MTP_WIDTH_CAP or user-config entry sets
 A drafter that can serve only one sequence gets a hard limit of 1 that no setting raises
 (`single_sequence_limit`; `gmlx.policy.caps.resolve_cap(hard_limit=...)` applies it with a notice).
 
-Rollback: speculation trims the target's KV cache by the rejected drafts. mlx-lm's hybrid
-families (qwen3_next, qwen3_5: linear-attention layers with an `ArraysCache` recurrent state)
-cannot be trimmed, so such a target decodes plain whatever drafter it ships.
+Rollback: speculation trims the target's KV cache by the rejected drafts. mlx-lm's hybrid families
+keep a recurrent state (`ArraysCache`) in their linear-attention layers; gmlx rolls those back by
+capturing the state per position during a verify (gmlx/recurrent.py: Qwen3-Next / Qwen3.5
+Gated DeltaNet layers, found from the model). A recurrent layer it cannot capture (Mamba-style
+SSM blocks, other delta nets), or any other cache that cannot be trimmed, makes the target decode
+plain whatever drafter it ships, with the reason in `rollback_blockers`.
 """
 
 from __future__ import annotations
 
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 MODEL_DEFAULT = "model default"
@@ -76,5 +79,10 @@ def is_moe(model: nn.Module) -> bool:
 
 
 def rollback_blockers(model: nn.Module) -> list[str]:
-    """The target cache kinds that cannot be trimmed (empty: speculation can roll back)."""
-    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not c.is_trimmable()})
+    """The target cache kinds that cannot be rolled back, with why (empty: speculation can roll
+    back). Recurrent layers gmlx captures (gmlx.recurrent.install) are not blockers."""
+    from gmlx import recurrent
+
+    caches = make_prompt_cache(model)
+    other = sorted({type(c).__name__ for c in caches if not isinstance(c, ArraysCache) and not c.is_trimmable()})
+    return other + recurrent.install(model)
