@@ -219,8 +219,8 @@ class EngineConfig:
     max_queued: int = 256
     prompt_cache_bytes: int = 64 << 20  # 0 disables the prompt cache
     prefill_step_size: int = 512
-    drafter: str | None = None  # "mtp" | "draft" | "assistant" | "ngram" | "prediction"; None: draft model if given, else mtp, else assistant
-    draft_model: str | None = None  # a local mlx-lm model directory with the target's tokenizer
+    drafter: str | None = None  # "mtp" | "draft" | "assistant" | "ngram" | "prediction" | "eagle3"; None: draft model if given, else mtp, else assistant
+    draft_model: str | None = None  # a local mlx-lm model directory with the target's tokenizer (eagle3: its checkpoint)
 
     def validated(self) -> "EngineConfig":
         if self.num_draft_tokens is not None and (not isinstance(self.num_draft_tokens, int) or self.num_draft_tokens < 1):
@@ -232,7 +232,7 @@ class EngineConfig:
             raise InvalidRequest("resume_min_remaining must be >= 0")
         if self.max_queued < 1:
             raise InvalidRequest("max_queued must be >= 1")
-        if self.drafter not in (None, "mtp", "draft", "assistant", "ngram", "prediction"):
-            raise InvalidRequest(f"drafter must be 'mtp', 'draft', 'assistant', 'ngram' or 'prediction', got"
-                                 f" {self.drafter!r}")
+        if self.drafter not in (None, "mtp", "draft", "assistant", "ngram", "prediction", "eagle3"):
+            raise InvalidRequest(f"drafter must be 'mtp', 'draft', 'assistant', 'ngram', 'prediction' or 'eagle3',"
+                                 f" got {self.drafter!r}")
         return self

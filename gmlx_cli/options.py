@@ -70,14 +70,16 @@ NumDraftOpt = Annotated[
 DraftModelOpt = Annotated[
     Path | None,
     typer.Option("--draft-model", help="A local mlx-lm model with the target's tokenizer to draft with (as mlx-lm's"
-                 " --draft-model); batch-capable in gmlx.", show_default=False, rich_help_panel=_SPEC),
+                 " --draft-model); batch-capable in gmlx. With --drafter eagle3: an EAGLE-3 checkpoint directory.",
+                 show_default=False, rich_help_panel=_SPEC),
 ]
 DrafterOpt = Annotated[
     str | None,
     typer.Option("--drafter", help="Drafter kind: mtp (the model's MTP head), draft (--draft-model), assistant"
                  " (a KV-sharing assistant head beside the model), ngram (prompt lookup: copies from the"
-                 " request's own prompt and output; any model) or prediction (only from --prediction). Default:"
-                 " draft if --draft-model, else mtp, else assistant.", show_default=False, rich_help_panel=_SPEC),
+                 " request's own prompt and output; any model), prediction (only from --prediction) or eagle3 (an"
+                 " EAGLE-3 head checkpoint given as --draft-model). Default: draft if --draft-model, else mtp,"
+                 " else assistant.", show_default=False, rich_help_panel=_SPEC),
 ]
 PredictionOpt = Annotated[
     Path | None,

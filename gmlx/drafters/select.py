@@ -4,7 +4,9 @@ Kinds: "mtp" (an MTP head shipped with the target: gmlx's own or a native checkp
 "draft" (a separate small model with the target's tokenizer: --draft-model), "assistant" (a
 KV-sharing assistant head shipped beside the target), "ngram" (prompt lookup: drafts copied from
 the row's own context; needs no files, so any target that can roll back has it), "prediction"
-(drafts only from requests' predicted outputs; rows without one draft nothing). With no kind
+(drafts only from requests' predicted outputs; rows without one draft nothing), "eagle3" (an
+EAGLE-3 head in its public checkpoint layout, given as --draft-model PATH: gmlx/models/eagle3.py;
+the engine then sees the target through a view that captures the layers the head reads). With no kind
 asked for: a draft model when one is given (the caller asked for it), else the MTP head, else the
 assistant head; never ngram, which is asked for by name (it pays only where the output repeats
 its context, and the model's own drafter, trained for it, is the better default).
@@ -27,7 +29,7 @@ from gmlx.models import family
 from gmlx.models.loading import LoadedModel, no_drafter_message, no_rollback_message
 from gmlx.drafters.base import Drafter
 
-KINDS = ("mtp", "draft", "assistant", "ngram", "prediction")
+KINDS = ("mtp", "draft", "assistant", "ngram", "prediction", "eagle3")
 _PROBE = "def f(x):\n    return [x, 'é', 12345]  # the same tokenizer?\n"
 
 
@@ -115,6 +117,8 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
         from gmlx.drafters.prediction import PredictionDrafter
 
         return PredictionDrafter()
+    if kind == "eagle3":
+        raise NoDrafterError("drafter 'eagle3' needs the EAGLE-3 checkpoint directory (--draft-model PATH)")
     if kind == "draft":
         if draft_lm is None:
             raise NoDrafterError("drafter 'draft' needs a draft model (--draft-model PATH)")
@@ -187,6 +191,7 @@ class DrafterChoice:
     cap_defaults: dict  # for caps.resolve_cap
     cap_key_suffix: str  # calibrated caps are stored per drafter
     notices: list[str] = field(default_factory=list)  # said once to the user
+    lm: LoadedModel | None = None  # the model as the engine must see it (an EAGLE-3 head's view), else None
 
 
 def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> DrafterChoice:
@@ -194,6 +199,8 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
     for (or the default order). speculative=True without one is an error; a target that cannot
     roll back decodes plain (an error when speculation was asked for)."""
     draft_model = draft_model if draft_model is not None else config.draft_model
+    if config.drafter == "eagle3" and drafter is None and config.speculative is not False:
+        return _eagle3(lm, draft_model)
     draft_lm = draft_model if draft_model is None or isinstance(draft_model, LoadedModel) else load_draft_model(draft_model)
     if drafter is None and config.speculative is not False:
         drafter = with_predictions(select_drafter(lm, config.drafter, draft_lm, config.prefill_step_size))
@@ -206,3 +213,17 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
         notices.append(no_rollback_message(lm))
         drafter = None
     return DrafterChoice(drafter, draft_lm, cap_defaults(lm, drafter), cap_key_suffix(drafter), notices)
+
+
+def _eagle3(lm, path) -> DrafterChoice:
+    """An EAGLE-3 head from its checkpoint directory: the engine runs on the model's view that
+    captures the target layers the head reads (gmlx/models/eagle3.py)."""
+    if path is None or isinstance(path, LoadedModel):
+        raise NoDrafterError("drafter 'eagle3' needs the EAGLE-3 checkpoint directory (--draft-model PATH)")
+    if not lm.can_rollback:
+        raise NoDrafterError(no_rollback_message(lm))
+    from gmlx.models.eagle3 import load_eagle3
+
+    view, inner = load_eagle3(path, lm)
+    drafter = with_predictions(inner)
+    return DrafterChoice(drafter, None, cap_defaults(view, drafter), f"+eagle3:{Path(path).resolve()}", lm=view)

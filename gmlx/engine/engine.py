@@ -50,6 +50,7 @@ class Engine:
         self.switches = switches if switches is not None else Switches.from_env()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
         choice = choose(self.lm, self.config, draft_model, drafter)
+        self.lm = choice.lm or self.lm  # an EAGLE-3 head reads the target through its own view
         self.drafter = drafter = choice.drafter
         self.draft_lm = choice.draft_lm
         self.notices = choice.notices  # said once to the user (the CLI prints them)
