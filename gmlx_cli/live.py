@@ -53,6 +53,7 @@ class LiveView:
         self._reqs.clear()
         self.t0 = self.clock()
         self.tokens, self.mode, self.width = 0, "Idle", 0
+        self.k, self.switches, self.decision = 0, 0, ""  # the last round's K; the online control's switches
         self.final: tuple[int, float] | None = None  # (tokens, aggregate tok/s) of the run, once it ended
         self.transitions = {"preempt": 0, "gate": 0, "resume": 0, "capture": 0}
 
@@ -106,6 +107,7 @@ class LiveView:
             if state == "gated" and not self.speculative:
                 state = "plain"  # an engine without speculation is not "gated": it never arms
             self.mode, self.width = state.capitalize(), ev.width
+            self.k = max((row[1] for row in ev.rows), default=0)
             for rid, drafted, accepted, n in ev.rows:
                 r = self._reqs.setdefault(rid, _Req(rid, now))
                 r.state, r.tokens = state, r.tokens + n
@@ -114,6 +116,11 @@ class LiveView:
                     r.t_first = r.t_first if r.t_first is not None else now
                     r.t_last = now
                 self.tokens += n
+        elif ev.kind is EventKind.DECISION:  # the control switched a width: say it under the header
+            self.switches += 1
+            self.decision = f"width {ev.width}: {ev.reason}"
+            if not self.rich:
+                self._line(f"   control: {self.decision}")
         elif ev.kind is EventKind.TRANSITION and ev.transition in self.transitions:
             self.transitions[ev.transition] += 1
         elif ev.kind is EventKind.FINISH:
@@ -136,8 +143,9 @@ class LiveView:
         tps = self.final[1] if self.final else self.aggregate_tps()
         if not self.engine:  # a server: only what a client sees
             return f"{self.label}  in flight {len(self._reqs)}  {_fmt_rate(tps)} tok/s"
-        return (f"{self.label}  mode {self.mode}  width {self.width}  cap {self.cap}  "
-                f"{_fmt_rate(tps)} tok/s  {self._transitions_text()}")
+        return (f"{self.label}  mode {self.mode}  width {self.width}  K {self.k}  cap {self.cap}  "
+                f"{_fmt_rate(tps)} tok/s  {self._transitions_text()}"
+                + (f"  control switches {self.switches} ({self.decision})" if self.switches else ""))
 
     def _row(self, r: _Req, now: float) -> tuple[str, ...]:
         acc = f"{r.accepted / r.drafted:.0%}" if r.drafted else "-"

@@ -39,13 +39,13 @@ CELL_COLUMNS = {
     "draft_acceptance_rate": "float64", "mean_acceptance_length": "float64",
     **{t: "int64" for t in TRANSITIONS}, "partial": "bool", "eos_first": "int64", "num_rounds": "int64",
     "speedup_vs_plain": "float64", "ideal_speedup": "float64", "achieved_over_ideal": "float64",
-    "rejected": "int64",
+    "rejected": "int64", "control_switches": "int64", "max_draft_tokens": "int64", "speculation": "object",
 }
 # What only the in-process engine knows: absent (not guessed) from a server's rows (bench --url).
 # A server's acceptance comes from its /metrics counters per cell (num_drafted, num_accepted and
 # the rates; null where it exposes none), never per request.
 ENGINE_ONLY_CELL = ("speculative", "switch_preempt", "switch_resume", *TRANSITIONS, "num_rounds", "speedup_vs_plain",
-                    "ideal_speedup", "achieved_over_ideal")
+                    "ideal_speedup", "achieved_over_ideal", "control_switches", "max_draft_tokens", "speculation")
 ENGINE_ONLY_REQUEST = ("num_drafted", "num_accepted", "num_rounds", "draft_acceptance_rate", "mean_acceptance_length")
 SERVER_CELL_DTYPES = {"num_drafted": "Int64", "num_accepted": "Int64"}  # null: the server exposes no counters
 
@@ -164,12 +164,27 @@ def cells_frame(runs, requests: pd.DataFrame, repeats: int | None = None) -> pd.
             "eos_first": int(req.eos_first.sum()), "num_rounds": rounds,
             # filled by gmlx_cli/ideal.py where a gmlx plain cell ran at the same concurrency
             "speedup_vs_plain": math.nan, "ideal_speedup": math.nan, "achieved_over_ideal": math.nan,
-            "rejected": int((req.finish_reason == "rejected").sum())})
+            "rejected": int((req.finish_reason == "rejected").sum()),
+            # the online control: how often it switched a width, the most drafts a round ran, and
+            # what ran at the end of the cell's last request, and why (gmlx/engine/speculation.py)
+            "control_switches": sum(r.transitions.get("control_switches", 0) for r in mine),
+            "max_draft_tokens": max((int(o.stats.get("max_draft_tokens") or 0) for r in mine for o in r.outcomes),
+                                    default=0),
+            "speculation": _last_decision(mine)})
     df = pd.DataFrame(out, columns=list(CELL_COLUMNS))
     if served:
         dtypes = {k: SERVER_CELL_DTYPES.get(k, v) for k, v in CELL_COLUMNS.items() if k not in ENGINE_ONLY_CELL}
         return df.drop(columns=list(ENGINE_ONLY_CELL)).astype({k: v for k, v in dtypes.items() if v != "object"})
     return df.astype({k: v for k, v in CELL_COLUMNS.items() if v != "object"})
+
+
+def _last_decision(runs) -> str:
+    """The speculation line of the cell's last finished request (its last run's)."""
+    for r in reversed(runs):
+        ends = sorted((o for o in r.outcomes if o.stats.get("speculation")), key=lambda o: o.ended_s)
+        if ends:
+            return ends[-1].stats["speculation"]
+    return ""
 
 
 PARTIAL_MARK = "*"

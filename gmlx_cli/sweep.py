@@ -31,7 +31,7 @@ from gmlx_cli.fit import check_prompts, fit_requests, max_tokens_error
 from gmlx_cli.live import LiveView, print_table
 from gmlx_cli.options import (DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt, OutDirOpt, PromptsFileOpt, RepeatsOpt,
                               ResultsJsonOpt, WarmupOpt)
-from gmlx_cli.outdir import check_out_dir
+from gmlx_cli.outdir import DEFAULT_OUT, check_out_dir
 from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
 
 DEFAULT_WIDTHS = "1,2,3,4,6,8,12,16"
@@ -199,7 +199,7 @@ def sweep_cap(
                                         " keyed by model and machine.")] = False,
     validate: Annotated[bool, typer.Option("--validate", help="Then run the PREEMPT/RESUME A/B on a join-late"
                                            " workload at the new cap.")] = False,
-    out: OutDirOpt = Path("bench_results"),
+    out: OutDirOpt = DEFAULT_OUT,
     json_output: ResultsJsonOpt = False,
     debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
 ) -> None:
