@@ -224,6 +224,8 @@ def _body(req: Request, ignore_eos: bool) -> tuple[dict, dict]:
     if p.temperature > 0 and p.seed is not None:
         args["seed"] = p.seed
     extra = {"return_token_ids": True} | ({"ignore_eos": True} if ignore_eos else {})
+    if isinstance(p.prediction, str):  # a prompts file's predicted output (OpenAI's field)
+        extra["prediction"] = {"type": "content", "content": p.prediction}
     return args, extra
 
 

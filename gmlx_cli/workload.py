@@ -65,11 +65,13 @@ class PromptSpec:
     max_tokens: int | None = None
     temperature: float | None = None
     seed: int | None = None
+    prediction: str | None = None  # predicted output (OpenAI's `prediction`): a re-ask workload gives the previous answer
 
 
 def load_prompt_specs(path: Path | None) -> list[PromptSpec]:
     """The shipped held-out code prompts, or a user file: plain lines (one prompt per line), or
-    JSONL (detected by a first line starting with `{`) with prompt / max_tokens / temperature / seed."""
+    JSONL (detected by a first line starting with `{`) with prompt / max_tokens / temperature / seed /
+    prediction (a predicted output: the previous answer of a re-asked request, the file an edit rewrites)."""
     if path is None:
         from gmlx.data import load_prompts
 
@@ -95,9 +97,10 @@ def _spec_from_json(line: str, where: str) -> PromptSpec:
         raise InvalidRequest(f"{where} is not valid JSON ({e.msg}); use one object per line") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
         raise InvalidRequest(f'{where}: each line needs a non-empty string "prompt"')
-    unknown = sorted(set(obj) - {"prompt", "max_tokens", "temperature", "seed"})
+    unknown = sorted(set(obj) - {"prompt", "max_tokens", "temperature", "seed", "prediction"})
     if unknown:
-        raise InvalidRequest(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: prompt, max_tokens, temperature, seed")
+        raise InvalidRequest(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: prompt, max_tokens, temperature,"
+                             " seed, prediction")
 
     def get(key, ok, want):
         v = obj.get(key)
@@ -109,7 +112,8 @@ def _spec_from_json(line: str, where: str) -> PromptSpec:
         obj["prompt"],
         max_tokens=get("max_tokens", lambda v: isinstance(v, int) and v >= 1, "use an integer >= 1"),
         temperature=get("temperature", lambda v: isinstance(v, (int, float)) and v >= 0, "use a number >= 0"),
-        seed=get("seed", lambda v: isinstance(v, int) and v >= 0, "use an integer >= 0"))
+        seed=get("seed", lambda v: isinstance(v, int) and v >= 0, "use an integer >= 0"),
+        prediction=get("prediction", lambda v: isinstance(v, str), "use a string (the predicted output)"))
 
 
 # -- the workload ------------------------------------------------------------------------------
@@ -167,7 +171,8 @@ def build_requests(specs: list[PromptSpec], n: int, arrival: Arrival, max_tokens
             t, after = arrival.join_after_s, True
         params = SamplingParams(
             temperature=temperature if spec.temperature is None else float(spec.temperature), max_tokens=budget,
-            seed=seed + i if spec.seed is None else spec.seed, ignore_eos=ignore_eos).validated()
+            seed=seed + i if spec.seed is None else spec.seed, ignore_eos=ignore_eos,
+            prediction=spec.prediction).validated()
         out.append(Request(i, spec.prompt, params, t, after, source))
     return out
 
@@ -269,8 +274,8 @@ class EngineBackend(Backend):
     def has_work(self):
         return self.engine.has_work
 
-    def transitions(self):  # and the online control's switches, counted like a transition
-        return {**self.engine.counters.transitions, "control_switches": self.engine.counters.control_switches}
+    def transitions(self):
+        return dict(self.engine.counters.transitions)
 
     def close(self):
         self.engine.close()  # in-flight requests end "cancelled"

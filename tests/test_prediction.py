@@ -283,3 +283,24 @@ def test_cli_generate_with_a_prediction_file(tmp_path):
     assert r.code == 2 and "--prediction" in r.stderr
     r = run("generate", PROMPT, "--prediction", str(tmp_path / "missing.txt"))
     assert r.code == 1 and "cannot read" in r.stderr
+
+
+def test_bench_workload_carries_predictions(tmp_path):
+    """`gmlx bench --prompts FILE.jsonl` with a "prediction" per prompt (a re-ask workload: the
+    previous answers): each request carries it, to the engine and over HTTP."""
+    import json
+
+    from gmlx_cli.http_backend import _body
+    from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs
+
+    f = tmp_path / "reask.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in [{"prompt": "def f(x):", "prediction": "    return x\n"},
+                                                  {"prompt": "import os"}]) + "\n")
+    specs = load_prompt_specs(f)
+    reqs = build_requests(specs, 3, Arrival(), (8, 8), 0.0, 0)
+    assert [r.params.prediction for r in reqs] == ["    return x\n", None, "    return x\n"]
+    assert _body(reqs[0], False)[1]["prediction"] == {"type": "content", "content": "    return x\n"}
+    assert "prediction" not in _body(reqs[1], False)[1]
+    f.write_text(json.dumps({"prompt": "x", "prediction": 3}) + "\n")
+    with pytest.raises(InvalidRequest, match="prediction"):
+        load_prompt_specs(f)
