@@ -11,7 +11,8 @@ forwards). A row with one drafts, per round:
 - **aligned** (its last verified token was the prediction's next token, or a suffix lookup
   re-aligned it): the prediction's next tokens from the alignment pointer, up to `k_max` (longer
   than the model drafter's K: they cost no drafter work, and an exact prediction is accepted
-  whole), never more than its budget can use;
+  whole), never more than its budget can use; after a round whose prediction drafts were
+  rejected, only what was accepted plus one, doubling again after each fully accepted round;
 - **not aligned** (the output departed from the prediction: an edit): the inner drafter's drafts,
   until a suffix of the output (N_MAX down to N_MIN tokens) is found in the prediction again,
   preferring the first occurrence at or after the pointer (an edit moves forward), else the
