@@ -409,3 +409,50 @@ def test_prompt_cache_reuses_a_hybrid_sequence_only_whole(lms, name):
     run = drive(eng, {0: [("c", part, first)]})
     assert run.streams["c"].result.stats["prefill_tokens"] == len(part) - 1
     assert check_solo(lm, run) == 0
+
+
+@pytest.mark.parametrize("name", ["qn", "q35"])
+def test_a_stop_mid_round_drops_the_flight_and_stores_only_a_consistent_state(lms, name):
+    """A lone hybrid request ends at a stop while its next round is in flight: the flight's drafts
+    are rolled back at retirement, the prompt cache keeps a state only where it stands for the
+    stored tokens exactly, and a request that extends the sequence decodes its solo stream."""
+    lm = lms[name]
+    eng = engine(lm, 0, speculative=True, num_draft_tokens=3)
+    full = solo(lm, PROMPT, SamplingParams(max_tokens=30, temperature=0.0, seed=0))
+    stop = SamplingParams(max_tokens=30, temperature=0.0, seed=0, stop_fn=lambda toks, _text: len(toks) >= 9)
+    rec = drive(eng, {0: [("a", PROMPT, stop)]}).streams["a"].result
+    assert rec.tokens == full[:9] and rec.finish_reason == "stop"
+    for key in eng.prompt_cache.keys():
+        entry = eng.prompt_cache._entries[key]
+        assert all(c.offset == len(key) for c in entry.caches if isinstance(c, RecurrentCache))
+    nxt = PROMPT + full[:9] + [3, 4]
+    run = drive(eng, {0: [("b", nxt, SamplingParams(max_tokens=10, temperature=0.0, seed=1))]})
+    assert check_solo(lm, run) == 0
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_transitions_with_a_hybrid_draft_model(lms, cap):
+    """Preempt, gate, capture (the draft model re-prefilled on each row) and resume, drafting with
+    a disagreeing hybrid draft model: every stream equals its solo plain one."""
+    lm = lms["q35"]
+    arrivals = {0: [("long", PROMPTS[0], _params(0, 40))],
+                3: [("w1", PROMPTS[1], _params(1, 8)), ("w2", PROMPTS[2], _params(2, 12))]}
+    run = drive(engine(lm, cap, speculative=True, num_draft_tokens=3, draft_model=lms["q35_other"]), arrivals)
+    assert check_solo(lm, run) == 0
+    tr = run.transitions()
+    assert "preempt" in tr and "gate" in tr and "resume" in tr, tr
+
+
+def test_prompt_lookup_drafts_on_a_hybrid_target(lms):
+    """The ngram drafter (host drafts, rows drafting different lengths, some none): a hybrid
+    target now offers it, and its per-row rollback of padded columns keeps every stream exact."""
+    from gmlx.drafters.select import available
+
+    lm = lms["qn"]
+    assert "ngram" in available(lm)
+    rep = [5, 6, 7, 8] * 4 + [5, 6]
+    reqs = [(rep, _params(0, 20)), (PROMPTS[1], _params(1, 14)), (rep[:9] + [40, 41], _params(2, 16))]
+    run = drive(engine(lm, 0, speculative=True, drafter="ngram", num_draft_tokens=3),
+                {0: [(i, p, prm) for i, (p, prm) in enumerate(reqs)]})
+    assert check_solo(lm, run) == 0
+    assert sum(run.streams[i].result.stats["num_drafted"] for i in range(3)) > 0
