@@ -198,6 +198,9 @@ class Switches:
     # GMLX_CONTROL: the online control of K and of plain-vs-speculative per width
     # (gmlx/policy/control.py); off: the configured cap and K alone decide, as before it existed.
     control: bool = field(default_factory=lambda: parse_bool_env("GMLX_CONTROL", True))
+    # GMLX_TREE (opt-in, off by default): the lone request may verify a token tree instead of its
+    # draft chain (gmlx/decode/tree.py), where it measures the tree faster than the chain.
+    tree: bool = field(default_factory=lambda: parse_bool_env("GMLX_TREE", False))
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Switches":
@@ -205,6 +208,7 @@ class Switches:
             preempt=parse_bool_env("GMLX_MTP_PREEMPT", True, environ),
             resume=parse_bool_env("GMLX_MTP_RESUME", True, environ),
             control=parse_bool_env("GMLX_CONTROL", True, environ),
+            tree=parse_bool_env("GMLX_TREE", False, environ),
         )
 
 

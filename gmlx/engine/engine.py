@@ -57,8 +57,10 @@ class Engine:
         self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
         # An explicit K is a request to speculate: lone requests then never fall back to plain.
-        self.scalar = ScalarLane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
-                                 may_go_plain=self.config.num_draft_tokens is None)
+        # GMLX_TREE=1: the lone request may verify token trees where measured faster (gmlx/decode/tree.py).
+        lane, tree = (ScalarLane, {}) if not self.switches.tree else _tree_lane()
+        self.scalar = lane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
+                           may_go_plain=self.config.num_draft_tokens is None, **tree)
         self._measure_round_costs()
         self.batch = BatchLoop(self.lm.target, drafter)
         self.mode = Mode.IDLE
@@ -335,3 +337,10 @@ class Engine:
         self.mode = Mode.IDLE
         if drop_caches and self.prompt_cache is not None:
             self.prompt_cache.clear()
+
+
+def _tree_lane():
+    """The scalar lane with tree rounds, chosen per round from measurements (GMLX_TREE=1)."""
+    from gmlx.decode.tree import TreeScalarLane
+
+    return TreeScalarLane, {"tree": "auto"}

@@ -1,0 +1,248 @@
+"""Tree verification in the scalar lane (issue 20): several draft paths verified in one forward.
+
+Why "paths as rows": mlx-lm's attention applies RoPE with the cache's one offset, so a flattened
+tree (siblings sharing a position) cannot run through mlx-lm's model files unforked with a tree
+mask. Every path of the tree instead starts at the same position n (right after the pending
+bonus), so the P paths run as P rows of ONE forward whose cache is a per-layer view
+(`TreeKV`): the request's own prefix K/V broadcast to the P rows, then each row's new K/V. The
+offset stays the scalar n, so RoPE, the causal mask and mlx-lm's attention are exactly those of
+the chain's verify, and row p's logits at depth j are the target's given exactly path p's prefix.
+The cost is a copy of the prefix K/V to P rows inside the forward (the concatenation attention
+reads), per layer and round: O(P x context) memory traffic, measured in benchmarks/bench_tree.py.
+
+Acceptance walks the tree along the target's own tokens (`walk`): at depth j the target token is
+taken from the path being followed; the walk continues on any path whose drafts so far equal the
+followed ones and whose draft at j equals that token (the followed path first). Every path with
+that prefix has, in exact arithmetic, the same target token at j, since it is computed from the
+same prefix at the same position with the same noise G(seed, n + j): the emitted tokens are the
+target's samples along the accepted path, so greedy and seeded streams are exactly those of plain
+decoding (docs/design.md §3), whatever the tree held.
+
+After the walk only the accepted path survives: its bonus + a accepted drafts' K/V (written by
+the same forward) are appended to the request's cache, nothing else ever enters it (no trim, no
+compaction copy of the prefix); the drafter gets the accepted path's hidden states and tokens
+through its `commit` (k = 1: the tree's chains ran on a copy of its state, gmlx/drafters/tree.py).
+
+Which runs, tree or chain (`TreeChoice`): trees pay only where the extra rows are nearly free and
+the second branch wins often; the lane measures both (tokens per second of wall time between
+round reads, per shape) and runs the tree only while it is measured faster than the chain it
+replaces (`always`: tests and A/B benchmarks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache
+
+from gmlx.decode.scalar import Flight, ScalarLane, ScalarSeq
+from gmlx.decode.verify import RoundResult
+from gmlx.drafters.tree import TreeProposer, supports, unwrapped
+from gmlx.engine import trace
+from gmlx.sampling import RowSampling, sample
+
+
+class TreeKV:
+    """One layer's cache for a tree verify: the request's KVCache (read only) shared by P rows.
+    mlx-lm's cache protocol: `offset` (the scalar position of every row's first input),
+    `update_and_fetch`, `make_mask`."""
+
+    def __init__(self, base: KVCache, rows: int):
+        self.base, self.rows = base, rows
+        self.offset = base.offset
+        self.keys = self.values = None  # this forward's new K/V [P, H, L, D]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys, self.values = keys, values
+        n = self.base.offset
+        if n == 0 or self.base.keys is None:
+            return keys, values
+        pk = self.base.keys[:, :, :n]
+        pv = self.base.values[:, :, :n]
+        pk = mx.broadcast_to(pk, (keys.shape[0],) + pk.shape[1:])
+        pv = mx.broadcast_to(pv, (values.shape[0],) + pv.shape[1:])
+        return mx.concatenate([pk, keys], axis=2), mx.concatenate([pv, values], axis=2)
+
+    def make_mask(self, *args, **kwargs):
+        return self.base.make_mask(*args, **kwargs)
+
+    def commit(self, row: int, n: int) -> None:
+        """Append row `row`'s first n new entries to the request's cache."""
+        if n:
+            self.base.update_and_fetch(self.keys[row:row + 1, :, :n], self.values[row:row + 1, :, :n])
+        self.keys = self.values = None
+
+
+def walk(drafts: np.ndarray, targets: np.ndarray, lengths: np.ndarray) -> tuple[int, int, list[int]]:
+    """The acceptance rule on a tree of paths: drafts [P, k], targets [P, k+1] (row p's target
+    tokens given path p's drafts), lengths [P] real drafts per path. Returns (the accepted path,
+    the accepted count a, the emitted tokens: the a accepted drafts, then the bonus)."""
+    P, k = drafts.shape
+    cur, a = 0, 0
+    alive = np.ones(P, dtype=bool)  # paths whose drafts so far equal the followed ones
+    for j in range(k):
+        t = targets[cur, j]
+        ok = alive & (drafts[:, j] == t) & (lengths > j)
+        if not ok.any():
+            break
+        if not ok[cur]:
+            cur = int(np.flatnonzero(ok)[0])
+        alive, a = ok, a + 1
+    tokens = [int(x) for x in drafts[cur, :a]] + [int(targets[cur, a])]
+    return cur, a, tokens
+
+
+# -- tree or chain: measured -------------------------------------------------------------------
+WINDOW = 16
+MIN_ROUNDS = 6  # rounds of a shape before its figure counts
+EXPLORE_EVERY = 64  # rounds of one shape before the other is measured again
+MARGIN = 1.03  # the tree must be measured this much faster to replace the chain
+
+
+class TreeChoice:
+    """Tree or chain at width 1, from measured tokens per second of wall time between round reads
+    (emission included, the same for both). `mode`: "auto" (measured), "always", "never".
+    The chain runs first; once it has MIN_ROUNDS rounds, the tree is measured as many; the faster
+    runs (the tree only when MARGIN faster), and the other is measured afresh every EXPLORE_EVERY
+    rounds (a bounded cost: ~MIN_ROUNDS / EXPLORE_EVERY of the rounds at the other's speed)."""
+
+    def __init__(self, mode: str = "auto"):
+        if mode not in ("auto", "always", "never"):
+            raise ValueError(f"tree mode must be 'auto', 'always' or 'never', got {mode!r}")
+        self.mode = mode
+        self.figures = {False: deque(maxlen=WINDOW), True: deque(maxlen=WINDOW)}  # tree? -> (tokens, s)
+        self.current = False  # tree in force
+        self.run = 0  # rounds since the last switch
+        self.switches = 0
+
+    def rate(self, tree: bool) -> float | None:
+        f = self.figures[tree]
+        if len(f) < MIN_ROUNDS:
+            return None
+        return sum(t for t, _ in f) / max(sum(s for _, s in f), 1e-9)
+
+    def pick(self) -> bool:
+        if self.mode != "auto":
+            return self.mode == "always"
+        chain, tree = self.rate(False), self.rate(True)
+        before = self.current
+        if self.current:
+            if tree is None:
+                return True
+            if chain is None or tree < chain * MARGIN:
+                self.current = False
+            elif self.run >= EXPLORE_EVERY:
+                self.current = False
+                self.figures[False].clear()
+        elif chain is not None:
+            if tree is None or tree >= chain * MARGIN:
+                self.current = True
+            elif self.run >= EXPLORE_EVERY:
+                self.current = True
+                self.figures[True].clear()
+        if self.current != before:
+            self.run = 0
+            self.switches += 1
+        return self.current
+
+    def observe(self, tree: bool, tokens: int, seconds: float) -> None:
+        self.figures[tree].append((tokens, seconds))
+        self.run += 1
+
+
+@dataclass(slots=True)
+class TreeFlight(Flight):
+    """A dispatched tree round: `views` hold the forward's new K/V until the walk picks a path."""
+
+    views: list | None = None
+    lengths: np.ndarray | None = None
+    rows: int = 1
+
+
+class TreeScalarLane(ScalarLane):
+    """The scalar lane with tree rounds (see the module's docstring). Anything a tree round does
+    not cover runs the chain unchanged: a drafter without tree drafting, logits processors or
+    logprobs, caches other than mlx-lm's KVCache (recurrent or rotating layers), rounds of 0
+    drafts, and rounds the choice gives to the chain."""
+
+    def __init__(self, *args, branches: int = 2, tree: str = "auto", **kw):
+        super().__init__(*args, **kw)
+        self.branches = branches
+        self.choice = TreeChoice(tree)
+        self.proposer = TreeProposer()
+        self._rows_rs: tuple | None = None  # (seq, P-row RowSampling)
+        self._last_read: float | None = None
+        self.tree_rounds = 0
+
+    def _treeable(self, seq: ScalarSeq) -> bool:
+        return (self.branches > 1 and seq.draft is not None and supports(self.drafter)
+                and unwrapped(self.drafter, seq.draft) is not None and seq.rs.proc is None and all(type(c) is KVCache for c in seq.cache))
+
+    def _rows_sampling(self, seq: ScalarSeq) -> RowSampling:
+        if self._rows_rs is None or self._rows_rs[0] is not seq:
+            P = self.branches
+            self._rows_rs = (seq, RowSampling.from_params([seq.row.params] * P, [seq.row.seed] * P))
+        return self._rows_rs[1]
+
+    def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int, pending: list[int] = ()) -> Flight:
+        k = self.round_k(seq, remaining)
+        if not k or not self._treeable(seq) or not self.choice.pick():
+            return super()._dispatch(seq, bonus, n, remaining, pending)
+        rs_rows = self._rows_sampling(seq)
+        drafts, lengths = self.proposer.propose(self.drafter, seq.draft, k, self.branches, seq.rs, rs_rows, n)
+        P = drafts.shape[0]
+        k = int(lengths.max())
+        drafts = drafts[:, :k]
+        mx.async_eval(drafts)
+        inputs = mx.concatenate([mx.full((P, 1), bonus, dtype=mx.int32), drafts], axis=1)  # [P, k+1]
+        views = [TreeKV(c, P) for c in seq.cache]
+        logits, hidden = self.target(inputs, views)  # [P, k+1, V], [P, k+1, D]
+        rs = rs_rows if P == self.branches else RowSampling.from_params([seq.row.params] * P, [seq.row.seed] * P)
+        targets = sample(logits, rs, np.full(P, n))  # [P, k+1]: the same positions' noise on every row
+        read = mx.concatenate([drafts, targets], axis=1)
+        trace.mark("build")
+        mx.async_eval(read)
+        trace.mark("dispatch")
+        return TreeFlight(k=k, position=n, read=read, hidden=hidden, targets=targets, views=views,
+                          lengths=lengths, rows=P)
+
+    def _collect(self, seq: ScalarSeq, fl: Flight) -> RoundResult:
+        if not isinstance(fl, TreeFlight):
+            res = super()._collect(seq, fl)
+        else:
+            res = self._collect_tree(seq, fl)
+        now = time.perf_counter()
+        if self._last_read is not None and fl.k:
+            self.choice.observe(isinstance(fl, TreeFlight), len(res.tokens), now - self._last_read)
+        self._last_read = now if fl.k else None
+        return res
+
+    def _collect_tree(self, seq: ScalarSeq, fl: TreeFlight) -> RoundResult:
+        k = fl.k
+        read = np.array(fl.read)  # sync: the round's one host read of every path's drafts and tokens
+        trace.mark("wait")
+        path, a, tokens = walk(read[:, :k], read[:, k:], fl.lengths)
+        seq.acceptance.record(k, a)
+        trace.mark("readback")
+        for v in fl.views:
+            v.commit(path, a + 1)  # the bonus and the accepted drafts; nothing else enters the cache
+        accepted = np.array([a])
+        self.drafter.commit(seq.draft, 1, accepted, fl.hidden[path:path + 1],
+                            mx.maximum(fl.targets[path:path + 1], 0))  # never embed FAULT
+        self.tree_rounds += 1
+        trace.mark("commit")
+        return RoundResult(tokens=tokens, drafted=k, accepted=a)
+
+    def retire(self):
+        if isinstance(self.flight, TreeFlight):  # nothing of an unread tree round is in the cache
+            self.flight = None
+        return super().retire()
+
+    def clear(self) -> None:
+        super().clear()
+        self._rows_rs = None
+        self._last_read = None
