@@ -41,12 +41,13 @@ from gmlx.testing import make_row
 from common import command_line, write_result
 
 
-def lanes(lm, k: int) -> dict:
+def lanes(lm, k: int, a_min_q: float) -> dict:
     d = select_drafter(lm)
     return {
         "plain": lambda: ScalarLane(lm.target, None, k),
         "chain": lambda: ScalarLane(lm.target, d, k, may_go_plain=False),
         "tree": lambda: TreeScalarLane(lm.target, d, k, may_go_plain=False, tree="always"),
+        "tree_pruned": lambda: TreeScalarLane(lm.target, d, k, may_go_plain=False, tree="always", min_q=a_min_q),
         "tree_auto": lambda: TreeScalarLane(lm.target, d, k, may_go_plain=False, tree="auto"),
     }
 
@@ -70,7 +71,7 @@ def decode(lm, lane, prompt, params) -> tuple[int, float, int, int, int]:
 
 def run_model(name, lm, prompts, a) -> dict:
     params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0, seed=0, ignore_eos=True)
-    arms = {n: make() for n, make in lanes(lm, a.k).items()}  # one lane per arm, kept (as an engine's)
+    arms = {n: make() for n, make in lanes(lm, a.k, a.min_q).items()}  # one lane per arm, kept (as an engine's)
     for p in prompts[:2]:  # warm-up
         for mk in arms.values():
             decode(lm, mk, p, params)
@@ -82,7 +83,8 @@ def run_model(name, lm, prompts, a) -> dict:
                 t, s, r, ac, tr = decode(lm, arms[n], p, params)
                 toks, secs, rounds, acc, trees = toks + t, secs + s, rounds + r, acc + ac, trees + tr
             per_rep[n].append({"tok_s": toks / secs, "tokens_per_round": toks / rounds, "accepted": acc,
-                               "rounds": rounds, "tree_rounds": trees})
+                               "rounds": rounds, "tree_rounds": trees,
+                               "paths_per_tree_round": getattr(arms[n], "paths", 0) / max(getattr(arms[n], "tree_rounds", 0), 1)})
             print(f"{name} rep {rep} {n:10s} {toks / secs:7.1f} tok/s  {toks / rounds:.2f} tok/round"
                   f"  tree rounds {trees}/{rounds}", flush=True)
     summary = {n: {"tok_s_median": statistics.median(r["tok_s"] for r in reps),
@@ -90,7 +92,8 @@ def run_model(name, lm, prompts, a) -> dict:
                    "tree_round_share": statistics.median(r["tree_rounds"] / r["rounds"] for r in reps)}
                for n, reps in per_rep.items()}
     ratios = {f"{x}/{y}": statistics.median(rx["tok_s"] / ry["tok_s"] for rx, ry in zip(per_rep[x], per_rep[y]))
-              for x, y in (("chain", "plain"), ("tree", "plain"), ("tree", "chain"), ("tree_auto", "chain"))}
+              for x, y in (("chain", "plain"), ("tree", "plain"), ("tree", "chain"), ("tree_pruned", "chain"),
+                           ("tree_auto", "chain"))}
     return {"summary": summary, "ratios_median_of_repeats": ratios, "per_repeat": per_rep,
             "costs": costs(lm, prompts, a.k)}
 
@@ -173,6 +176,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--models", default="embedded,smollm2")
+    ap.add_argument("--min-q", type=float, default=0.15, help="the tree_pruned arm's depth-1 confidence threshold")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     result = {"benchmark": "tree", "command": command_line("bench_tree.py", a), "machine": describe(),

@@ -118,6 +118,7 @@ class ScriptedTree(TreeProposer):
     the reference's continuation, path 2 (if any) is wrong from depth 0."""
 
     def __init__(self, ref, prompt_len, vocab):
+        super().__init__()
         self.ref, self.n0, self.vocab = ref, prompt_len, vocab
 
     def propose(self, drafter, st, k, branches, rs, rs_rows, position):
@@ -141,6 +142,17 @@ def test_acceptance_along_a_non_first_branch(lm, prompts, t, branches):
     # every full round accepted all k drafts: along path 1, switching from path 0 after depth 0
     full = [r for r in results[:-1] if r.drafted == K]
     assert full and all(r.accepted == K for r in full), [(r.drafted, r.accepted) for r in results]
+
+
+@pytest.mark.parametrize("t", [0.0, 0.8])
+def test_pruned_trees_equal_plain_decoding(lm, prompts, t):
+    """Confidence pruning: a depth-1 branch below min_q is dropped; a one-path round is the chain
+    (on the cache itself, trimmed after), mixed with two-path rounds in one request."""
+    prompt, params = prompts[3], P(40, seed=4, t=t)
+    lane = tree_lane(lm, min_q=0.2)
+    row, results, lane = run_tree(lm, prompt, params, lane)
+    matches_solo(lm, prompt, params, row.tokens)
+    assert lane.tree_rounds and lane.paths < 2 * lane.tree_rounds  # some rounds were pruned to one path
 
 
 def test_ngram_trees_equal_plain_decoding(lm, prompts):

@@ -101,6 +101,7 @@ WINDOW = 16
 MIN_ROUNDS = 6  # rounds of a shape before its figure counts
 EXPLORE_EVERY = 64  # rounds of one shape before the other is measured again
 MARGIN = 1.03  # the tree must be measured this much faster to replace the chain
+MIN_Q = 0.0  # confidence pruning of depth-1 branches (gmlx/drafters/tree.py); 0: never pruned
 
 
 class TreeChoice:
@@ -169,11 +170,12 @@ class TreeScalarLane(ScalarLane):
     logprobs, caches other than mlx-lm's KVCache (recurrent or rotating layers), rounds of 0
     drafts, and rounds the choice gives to the chain."""
 
-    def __init__(self, *args, branches: int = 2, tree: str = "auto", **kw):
+    def __init__(self, *args, branches: int = 2, tree: str = "auto", min_q: float = MIN_Q, **kw):
         super().__init__(*args, **kw)
         self.branches = branches
         self.choice = TreeChoice(tree)
-        self.proposer = TreeProposer()
+        self.proposer = TreeProposer(min_q)
+        self.paths = 0  # paths verified by tree rounds (rows), for the figures
         self._rows_rs: tuple | None = None  # (seq, P-row RowSampling)
         self._last_read: float | None = None
         self.tree_rounds = 0
@@ -199,8 +201,9 @@ class TreeScalarLane(ScalarLane):
         drafts = drafts[:, :k]
         mx.async_eval(drafts)
         inputs = mx.concatenate([mx.full((P, 1), bonus, dtype=mx.int32), drafts], axis=1)  # [P, k+1]
-        views = [TreeKV(c, P) for c in seq.cache]
-        logits, hidden = self.target(inputs, views)  # [P, k+1, V], [P, k+1, D]
+        # One path left (pruned, or one n-gram continuation): the chain's verify on the cache itself.
+        views = [TreeKV(c, P) for c in seq.cache] if P > 1 else None
+        logits, hidden = self.target(inputs, views or seq.cache)  # [P, k+1, V], [P, k+1, D]
         rs = rs_rows if P == self.branches else RowSampling.from_params([seq.row.params] * P, [seq.row.seed] * P)
         targets = sample(logits, rs, np.full(P, n))  # [P, k+1]: the same positions' noise on every row
         read = mx.concatenate([drafts, targets], axis=1)
@@ -228,8 +231,14 @@ class TreeScalarLane(ScalarLane):
         path, a, tokens = walk(read[:, :k], read[:, k:], fl.lengths)
         seq.acceptance.record(k, a)
         trace.mark("readback")
-        for v in fl.views:
-            v.commit(path, a + 1)  # the bonus and the accepted drafts; nothing else enters the cache
+        if fl.views is None:
+            if k > a:
+                for c in seq.cache:
+                    c.trim(k - a)
+        else:
+            for v in fl.views:
+                v.commit(path, a + 1)  # the bonus and the accepted drafts; nothing else enters the cache
+        self.paths += fl.rows
         accepted = np.array([a])
         self.drafter.commit(seq.draft, 1, accepted, fl.hidden[path:path + 1],
                             mx.maximum(fl.targets[path:path + 1], 0))  # never embed FAULT
@@ -238,8 +247,8 @@ class TreeScalarLane(ScalarLane):
         return RoundResult(tokens=tokens, drafted=k, accepted=a)
 
     def retire(self):
-        if isinstance(self.flight, TreeFlight):  # nothing of an unread tree round is in the cache
-            self.flight = None
+        if isinstance(self.flight, TreeFlight) and self.flight.views is not None:
+            self.flight = None  # nothing of an unread tree round is in the cache
         return super().retire()
 
     def clear(self) -> None:

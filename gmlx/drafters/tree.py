@@ -50,36 +50,48 @@ def unwrapped(drafter: Drafter, st: object) -> tuple[Drafter, object] | None:
     return (drafter, st) if isinstance(drafter, (MTPDrafter, NGramDrafter)) else None
 
 
-def first_tokens(logits: mx.array, rs: RowSampling, position: int, branches: int) -> mx.array:
+def first_tokens(logits: mx.array, rs: RowSampling, position: int, branches: int) -> tuple[mx.array, mx.array]:
     """The top-`branches` depth-1 tokens [branches] of a one-row drafter's logits [1, 1, V], best
     first under the chain's own draft rule: greedy at T = 0, else the filtered log-probabilities
-    / T plus the target's noise G(seed, position) (the chain's coupled draft is the first)."""
+    / T plus the target's noise G(seed, position) (the chain's coupled draft is the first); and
+    the drafter's probability of each (softmax at T; T = 0: at 1), the confidence pruning reads."""
     logits = logits.astype(mx.float32)
-    if not rs.all_greedy:
-        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if rs.all_greedy:
+        scores = probs = lp
+    else:
         lp = filter_logprobs(lp, rs)
         t = rs.temperature[:, None, None]
+        probs = lp / mx.where(t > 0, t, 1.0)
         noise = gumbel_noise(rs.seeds, mx.array([[position]], dtype=mx.int32), logits.shape[-1])
-        logits = lp / mx.where(t > 0, t, 1.0) + noise
-    return mx.argsort(-logits[0, 0])[:branches].astype(mx.int32)
+        scores = probs + noise
+    top = mx.argsort(-scores[0, 0])[:branches].astype(mx.int32)
+    p = mx.softmax(probs[0, 0], axis=-1)[top]
+    return top, p
 
 
 class TreeProposer:
-    """Drafts a tree of `branches` paths of depth k (fewer paths where the drafter finds fewer)."""
+    """Drafts a tree of `branches` paths of depth k (fewer paths where the drafter finds fewer).
+    `min_q` > 0: confidence pruning, a depth-1 branch other than the first is kept only where the
+    drafter gives its token at least that probability (a host read of the depth-1 probabilities
+    before the verify is built); a tree pruned to one path is the chain."""
+
+    def __init__(self, min_q: float = 0.0):
+        self.min_q = min_q
 
     def propose(self, drafter: Drafter, st: object, k: int, branches: int, rs: RowSampling,
                 rs_rows: RowSampling, position: int) -> tuple[mx.array, np.ndarray]:
         """-> drafts [P, k] int32 and lengths [P] (host data); P <= branches, P >= 1."""
         drafter, st = unwrapped(drafter, st)
         if isinstance(drafter, MTPDrafter):
-            return mtp_tree(drafter, st, k, branches, rs, rs_rows, position)
+            return mtp_tree(drafter, st, k, branches, rs, rs_rows, position, self.min_q)
         if isinstance(drafter, NGramDrafter):
             return ngram_tree(drafter, st, k, branches)
         raise TypeError(f"no tree drafting for {type(drafter).__name__}")
 
 
 def mtp_tree(drafter: MTPDrafter, st: MTPRows, k: int, branches: int, rs: RowSampling,
-             rs_rows: RowSampling, position: int) -> tuple[mx.array, np.ndarray]:
+             rs_rows: RowSampling, position: int, min_q: float = 0.0) -> tuple[mx.array, np.ndarray]:
     assert k >= 1 and st.hidden is not None
     head = drafter.head
     # Teacher forcing on the pending entries: exactly MTPDrafter.draft's first step.
@@ -89,10 +101,21 @@ def mtp_tree(drafter: MTPDrafter, st: MTPRows, k: int, branches: int, rs: RowSam
     g = take_rows_at(out, np.maximum(st.lengths - 1, 0))  # [1, 1, D]
     st.hidden = st.tokens = None
     st.lengths = np.zeros_like(st.lengths)
-    first = first_tokens(head.logits(g), rs, position, branches)[:, None]  # [P, 1]
+    first, q = first_tokens(head.logits(g), rs, position, branches)
+    if min_q > 0 and branches > 1:
+        keep = np.array(q) >= min_q  # sync: the depth-1 probabilities (the head's first step only)
+        keep[0] = True
+        first = first[mx.array(np.flatnonzero(keep).astype(np.int32))]
+    first = first[:, None]  # [P, 1]
     P = first.shape[0]
     cols = [first]
-    if k > 1:
+    if k > 1 and P == 1:  # pruned to one path: the chain's own drafts on the head's cache, trimmed after
+        pick = DraftPick(None if rs.all_greedy else rs, np.array([position]))
+        for j in range(1, k):
+            g = head(cols[-1], g, st.cache)
+            cols.append(pick(head.logits(g), j))
+        trim_rows([st.cache], np.array([k - 1]))
+    elif k > 1:
         # The branches' chains run on a P-row copy of the head's one-layer cache (the request's
         # own cache keeps only the teacher-forced entries, as the chain's does after its trim).
         copy = RaggedKVCache(P)
