@@ -286,7 +286,7 @@ def attach(results: list, block: mx.array | np.ndarray | None, rs) -> None:
     round's read). `block`: [B, L, 1 + 2N] from `scored`."""
     if block is None:
         return
-    host = np.array(block)  # evaluated with the round's tokens
+    host = np.array(block)  # sync: none, evaluated with the round's tokens
     for b, res in enumerate(results):
         n = int(rs.proc.logprobs[b])
         if n >= 0:
