@@ -80,7 +80,7 @@ def cases(lm, name: str) -> list[tuple[str, list[int], str | None]]:
     else:  # a code model: raw continuations; the edit as a comment before the rewritten code
         reask = [("reask", tok.encode(p), None) for p in load_prompts()[:2]]
         edit = [("edit", tok.encode("# Original:\n" + SNIPPET + "\n\n# The same code with `total` renamed to"
-                                     " `running_sum`:\n"), SNIPPET.replace("total", "running_sum"))]
+                                     " `running_sum`:\n"), SNIPPET)]
     return reask + edit
 
 
