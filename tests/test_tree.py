@@ -14,7 +14,7 @@ import pytest
 from engine_helpers import P, matches_solo, solo
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.decode.tree import MIN_ROUNDS, TreeChoice, TreeScalarLane, walk
+from gmlx.decode.tree import EXPLORE_EVERY, MIN_ROUNDS, TreeChoice, TreeScalarLane, walk
 from gmlx.drafters.ngram import NGramDrafter
 from gmlx.drafters.select import select_drafter
 from gmlx.drafters.tree import TreeProposer
@@ -70,24 +70,22 @@ def test_walk_takes_the_token_from_the_followed_path_and_respects_lengths():
     assert walk(drafts, np.array([[-1, 0, 0, 0], [4, 5, 6, 7]]), np.array([3, 2])) == (0, 0, [-1])
 
 
-def test_the_choice_runs_the_faster_and_measures_the_other_again():
+def test_the_choice_runs_the_faster_and_measures_both_again():
     c = TreeChoice("auto")
-    for _ in range(MIN_ROUNDS):
-        assert c.pick() is False
-        c.observe(False, 2, 0.010)  # chain: 200 tok/s
-    for _ in range(MIN_ROUNDS):
-        assert c.pick() is True  # measured once
-        c.observe(True, 2, 0.012)  # tree: slower
-    assert c.pick() is False
-    for _ in range(70):
-        c.observe(False, 2, 0.010)
-        if c.pick():
-            break
-    assert c.current and not c.figures[True]  # measured afresh after EXPLORE_EVERY chain rounds
-    for _ in range(MIN_ROUNDS):
-        c.observe(True, 3, 0.011)  # now faster
-        c.pick()
-    assert c.pick() is True
+    shapes = []
+    for _ in range(2 * MIN_ROUNDS):  # measuring: alternating, paired under the same load
+        tree = c.pick()
+        shapes.append(tree)
+        c.observe(tree, 3 if tree else 2, 0.012 if tree else 0.010)  # tree 250 tok/s, chain 200
+    assert shapes.count(True) == shapes.count(False) == MIN_ROUNDS
+    assert c.pick() is True  # measured faster
+    for _ in range(EXPLORE_EVERY):
+        c.observe(True, 2, 0.5)  # (figures outside the measuring phase do not decide)
+    assert c.measuring == 2 * MIN_ROUNDS and not c.figures[True]  # both measured again
+    for _ in range(2 * MIN_ROUNDS):
+        tree = c.pick()
+        c.observe(tree, 2, 0.013 if tree else 0.010)  # now the tree is slower
+    assert c.pick() is False and c.pick() is False
     assert TreeChoice("never").pick() is False and TreeChoice("always").pick() is True
     with pytest.raises(ValueError):
         TreeChoice("sometimes")

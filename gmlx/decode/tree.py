@@ -24,13 +24,14 @@ compaction copy of the prefix); the drafter gets the accepted path's hidden stat
 through its `commit` (k = 1: the tree's chains ran on a copy of its state, gmlx/drafters/tree.py).
 
 Which runs, tree or chain (`TreeChoice`): trees pay only where the extra rows are nearly free and
-the second branch wins often; the lane measures both (tokens per second of wall time between
-round reads, per shape) and runs the tree only while it is measured faster than the chain it
-replaces (`always`: tests and A/B benchmarks).
+the second branch wins often; the lane measures both (tokens per round and wall time between
+round reads, in alternating rounds) and runs the tree only while it is measured faster than the
+chain it replaces (`always`: tests and A/B benchmarks).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -105,54 +106,56 @@ MIN_Q = 0.0  # confidence pruning of depth-1 branches (gmlx/drafters/tree.py); 0
 
 
 class TreeChoice:
-    """Tree or chain at width 1, from measured tokens per second of wall time between round reads
-    (emission included, the same for both). `mode`: "auto" (measured), "always", "never".
-    The chain runs first; once it has MIN_ROUNDS rounds, the tree is measured as many; the faster
-    runs (the tree only when MARGIN faster), and the other is measured afresh every EXPLORE_EVERY
-    rounds (a bounded cost: ~MIN_ROUNDS / EXPLORE_EVERY of the rounds at the other's speed)."""
+    """Tree or chain at width 1, from measured round times. `mode`: "auto" (measured), "always",
+    "never". Measuring phase: tree and chain rounds alternate for 2 x MIN_ROUNDS rounds (paired,
+    so both see the same load on the machine); the tree then runs only if its rate, mean tokens
+    per round over the median round time (a spike moves one round, not the median), is MARGIN
+    above the chain's; EXPLORE_EVERY rounds later both are measured again (a bounded cost: half of
+    2 x MIN_ROUNDS rounds of every 2 x MIN_ROUNDS + EXPLORE_EVERY at the slower one's speed)."""
 
     def __init__(self, mode: str = "auto"):
         if mode not in ("auto", "always", "never"):
             raise ValueError(f"tree mode must be 'auto', 'always' or 'never', got {mode!r}")
         self.mode = mode
         self.figures = {False: deque(maxlen=WINDOW), True: deque(maxlen=WINDOW)}  # tree? -> (tokens, s)
-        self.current = False  # tree in force
-        self.run = 0  # rounds since the last switch
+        self.current = False  # tree in force (after a measuring phase)
+        self.measuring = 2 * MIN_ROUNDS  # rounds left in the measuring phase
+        self.run = 0  # rounds since the last decision
         self.switches = 0
+        self._next = False  # the shape of the next measuring round
 
     def rate(self, tree: bool) -> float | None:
         f = self.figures[tree]
         if len(f) < MIN_ROUNDS:
             return None
-        return sum(t for t, _ in f) / max(sum(s for _, s in f), 1e-9)
+        return statistics.mean(t for t, _ in f) / max(statistics.median(s for _, s in f), 1e-9)
 
     def pick(self) -> bool:
         if self.mode != "auto":
             return self.mode == "always"
-        chain, tree = self.rate(False), self.rate(True)
-        before = self.current
-        if self.current:
-            if tree is None:
-                return True
-            if chain is None or tree < chain * MARGIN:
-                self.current = False
-            elif self.run >= EXPLORE_EVERY:
-                self.current = False
-                self.figures[False].clear()
-        elif chain is not None:
-            if tree is None or tree >= chain * MARGIN:
-                self.current = True
-            elif self.run >= EXPLORE_EVERY:
-                self.current = True
-                self.figures[True].clear()
-        if self.current != before:
-            self.run = 0
-            self.switches += 1
+        if self.measuring > 0:
+            self._next = not self._next
+            return self._next
         return self.current
 
     def observe(self, tree: bool, tokens: int, seconds: float) -> None:
+        if self.mode != "auto":
+            return
         self.figures[tree].append((tokens, seconds))
+        if self.measuring > 0:
+            self.measuring -= 1
+            if self.measuring == 0:
+                chain, tree_rate = self.rate(False), self.rate(True)
+                before = self.current
+                self.current = chain is not None and tree_rate is not None and tree_rate >= chain * MARGIN
+                self.switches += self.current != before
+                self.run = 0
+            return
         self.run += 1
+        if self.run >= EXPLORE_EVERY:
+            self.figures[False].clear()
+            self.figures[True].clear()
+            self.measuring = 2 * MIN_ROUNDS
 
 
 @dataclass(slots=True)
