@@ -36,10 +36,12 @@ ARMS = {
 def model(name: str):
     if name == "default":
         return load()
-    if name == "micro":
-        from gmlx.testing.micro import micro_model
+    if name == "micro":  # random weights, no head: drafts by prompt lookup (--drafter ngram)
+        import tempfile
 
-        return micro_model()
+        from gmlx.testing.micro import make_micro_model
+
+        return load(make_micro_model(Path(tempfile.mkdtemp()) / "micro"))
     from gmlx.models.smollm2 import converted
 
     return load(converted("float32" if name == "smollm2-f32" else "q"))
@@ -47,6 +49,8 @@ def model(name: str):
 
 def closed_loop(lm, arm: str, prompts: list, c: int, max_tokens: int) -> dict:
     config, switches = ARMS[arm]
+    if lm.head is None and config.speculative is not False:
+        config = EngineConfig(drafter="ngram")
     eng = Engine(lm, config, switches=switches)
     params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
     todo, live, recs = list(prompts), [], []

@@ -68,6 +68,8 @@ class Speculation:
             k = scalar_k or 0
         else:
             k = max((r.drafted for r in results), default=0) if kind is Round.SPECULATIVE else 0
+        if k > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
+            return  # round): neither its time nor its acceptance says what the model's drafter buys
         steady = seconds if _TIMED.get(kind, False) else None
         self.control.observe(width, k, steady, [(r.drafted, r.accepted) for r in results])
 
