@@ -274,8 +274,8 @@ class EngineBackend(Backend):
     def has_work(self):
         return self.engine.has_work
 
-    def transitions(self):
-        return dict(self.engine.counters.transitions)
+    def transitions(self):  # and the online control's switches, counted like a transition
+        return {**self.engine.counters.transitions, "control_switches": self.engine.counters.control_switches}
 
     def close(self):
         self.engine.close()  # in-flight requests end "cancelled"
