@@ -31,7 +31,7 @@ def footprint(eng) -> dict:
     """What the engine holds per row: batch rows, the batch dimension of every target and drafter
     array, the target KV's bytes and capacity, and the scalar loop's request."""
     b = eng.batch
-    d = b.draft
+    d = getattr(b.draft, "inner", b.draft)  # under the predicted-output wrapper (gmlx/drafters/prediction.py)
     draft_rows = None
     if d is not None:
         draft_rows = {d.hidden.shape[0], d.tokens.shape[0], len(d.lengths), d.cache.batch_size}

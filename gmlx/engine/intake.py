@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import replace
 
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
+
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
 from gmlx.models.loading import LoadedModel
@@ -59,10 +61,26 @@ def make_row(lm: LoadedModel, prompt: str | list[int], params: SamplingParams | 
     eos = frozenset() if params.ignore_eos else frozenset(lm.eos_ids)
     if params.prediction is not None:
         params = replace(params, prediction=prediction_ids(lm, params.prediction))
-    row = Row(rid=-1, prompt=ids, params=params, eos_ids=eos, detokenizer=lm.tokenizer.detokenizer)
+    row = Row(rid=-1, prompt=ids, params=params, eos_ids=eos, detokenizer=keeping_spaces(lm.tokenizer.detokenizer))
     if params.prediction is not None:
         row.stats.prediction_tokens = len(params.prediction)
     return row
+
+
+class _BPEKeepingSpaces(BPEStreamingDetokenizer):
+    def _maybe_trim_space(self, current_text):
+        return current_text
+
+
+def keeping_spaces(detokenizer):
+    """mlx-lm's byte-level BPE detokenizer drops the space that begins the first generated token
+    (" Paris" -> "Paris"), so a client's prompt + completion loses a space; the text of those
+    tokens, as the tokenizer decodes them, keeps it (as vLLM and OpenAI return it). Byte-level BPE
+    spells the space out as a byte, so nothing else changes; SentencePiece detokenizers are kept
+    as mlx-lm makes them."""
+    if type(detokenizer) is BPEStreamingDetokenizer:
+        detokenizer.__class__ = _BPEKeepingSpaces
+    return detokenizer
 
 
 def prediction_ids(lm: LoadedModel, prediction: str | tuple[int, ...]) -> tuple[int, ...] | None:
