@@ -11,7 +11,7 @@ repeats): the verify forward of 2 rows x (K+1) over the shared prefix vs the cha
 (K+1), both relative to one plain step, and the prefix copy (the broadcast+concatenate of every
 layer's K/V the 2-row attention reads) alone.
 
-Run: ``python benchmarks/bench_tree.py --max-tokens 96 --prompts 6 --repeats 3``
+Run (from the repository root): ``python benchmarks/bench_tree.py --max-tokens 48 --prompts 3 --repeats 3``
 Writes bench_results/<utc>_tree.json and .md.
 """
 
@@ -52,17 +52,24 @@ def lanes(lm, k: int, a_min_q: float) -> dict:
     }
 
 
+ROUND_TIMES: list[float] = []
+
+
 def decode(lm, lane, prompt, params) -> tuple[int, float, int, int, int]:
     tree_before = getattr(lane, "tree_rounds", 0)
     row = make_row(lm, prompt, params)
     lane.start(row)
     t0 = time.perf_counter()
     rounds = drafted = accepted = 0
+    last = t0
     while not row.is_done:
         res = lane.round()
         rounds += 1
         drafted, accepted = drafted + res.drafted, accepted + res.accepted
         row.take(res, time.perf_counter())
+        now = time.perf_counter()
+        ROUND_TIMES.append(now - last)  # between round reads (the pipeline's period)
+        last = now
     dt = time.perf_counter() - t0
     tree_rounds = getattr(lane, "tree_rounds", 0) - tree_before
     lane.clear()
@@ -79,22 +86,30 @@ def run_model(name, lm, prompts, a) -> dict:
     for rep in range(a.repeats):
         for n in (list(arms) if rep % 2 == 0 else list(reversed(arms))):
             toks = secs = rounds = acc = trees = 0
+            ROUND_TIMES.clear()
             for p in prompts:
                 t, s, r, ac, tr = decode(lm, arms[n], p, params)
                 toks, secs, rounds, acc, trees = toks + t, secs + s, rounds + r, acc + ac, trees + tr
+            p25 = float(np.percentile(ROUND_TIMES, 25))
             per_rep[n].append({"tok_s": toks / secs, "tokens_per_round": toks / rounds, "accepted": acc,
+                               "round_ms_p25": 1e3 * p25, "robust_tok_s": toks / rounds / p25,
                                "rounds": rounds, "tree_rounds": trees,
                                "paths_per_tree_round": getattr(arms[n], "paths", 0) / max(getattr(arms[n], "tree_rounds", 0), 1)})
             print(f"{name} rep {rep} {n:10s} {toks / secs:7.1f} tok/s  {toks / rounds:.2f} tok/round"
                   f"  tree rounds {trees}/{rounds}", flush=True)
     summary = {n: {"tok_s_median": statistics.median(r["tok_s"] for r in reps),
                    "tokens_per_round": statistics.median(r["tokens_per_round"] for r in reps),
-                   "tree_round_share": statistics.median(r["tree_rounds"] / r["rounds"] for r in reps)}
+                   "tree_round_share": statistics.median(r["tree_rounds"] / r["rounds"] for r in reps),
+                   "round_ms_p25": statistics.median(r["round_ms_p25"] for r in reps),
+                   "robust_tok_s": statistics.median(r["robust_tok_s"] for r in reps)}
                for n, reps in per_rep.items()}
+    pairs = (("chain", "plain"), ("tree", "plain"), ("tree", "chain"), ("tree_pruned", "chain"), ("tree_auto", "chain"))
+    robust = {f"{x}/{y}": statistics.median(rx["robust_tok_s"] / ry["robust_tok_s"]
+                                            for rx, ry in zip(per_rep[x], per_rep[y])) for x, y in pairs}
     ratios = {f"{x}/{y}": statistics.median(rx["tok_s"] / ry["tok_s"] for rx, ry in zip(per_rep[x], per_rep[y]))
               for x, y in (("chain", "plain"), ("tree", "plain"), ("tree", "chain"), ("tree_pruned", "chain"),
                            ("tree_auto", "chain"))}
-    return {"summary": summary, "ratios_median_of_repeats": ratios, "per_repeat": per_rep,
+    return {"summary": summary, "ratios_median_of_repeats": ratios, "robust_ratios": robust, "per_repeat": per_rep,
             "costs": costs(lm, prompts, a.k)}
 
 
@@ -148,17 +163,23 @@ def costs(lm, prompts, k: int) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [f"# Tree verification vs chain, width 1, greedy ({result['utc']})", "",
+             f"Load average at the start (1 min): {result['machine'].get('load_avg_1m')}", "",
              f"Command: `{result['command']}`", "",
              f"Machine: {json.dumps(result['machine'], default=str)[:400]}", "",
-             "| model | arm | tok/s (median) | tokens/round | tree-round share |", "|---|---|---|---|---|"]
+             "tok/s: wall-clock decode rate (median of repeats). robust tok/s: tokens per round / the 25th"
+             " percentile of the interval between round reads (load spikes on a shared host move the wall"
+             " clock, much less the low percentile).", "",
+             "| model | arm | tok/s (median) | tokens/round | round ms (p25) | robust tok/s | tree-round share |",
+             "|---|---|---|---|---|---|---|"]
     for m, r in result["models"].items():
         for n, s in r["summary"].items():
             lines.append(f"| {m} | {n} | {s['tok_s_median']:.1f} | {s['tokens_per_round']:.2f} |"
-                         f" {s['tree_round_share']:.2f} |")
-    lines += ["", "| model | ratio | median of per-repeat ratios |", "|---|---|---|"]
+                         f" {s['round_ms_p25']:.2f} | {s['robust_tok_s']:.1f} | {s['tree_round_share']:.2f} |")
+    lines += ["", "| model | ratio | median of per-repeat wall ratios | median of per-repeat robust ratios |",
+              "|---|---|---|---|"]
     for m, r in result["models"].items():
         for k, v in r["ratios_median_of_repeats"].items():
-            lines.append(f"| {m} | {k} | {v:.3f} |")
+            lines.append(f"| {m} | {k} | {v:.3f} | {r['robust_ratios'][k]:.3f} |")
     lines += ["", "Per-round costs (in plain steps at the prompt's context; medians over prompts):", "",
               "| model | plain step ms | chain verify (1x(K+1)) | tree verify (2x(K+1)) | prefix copy to 2 rows (K only) |",
               "|---|---|---|---|---|"]

@@ -99,7 +99,8 @@ def walk(drafts: np.ndarray, targets: np.ndarray, lengths: np.ndarray) -> tuple[
 
 # -- tree or chain: measured -------------------------------------------------------------------
 WINDOW = 16
-MIN_ROUNDS = 6  # rounds of a shape before its figure counts
+MIN_ROUNDS = 8  # rounds of each shape in a measuring phase
+TOKENS_WINDOW = 64  # rounds of each shape in its tokens-per-round mean
 EXPLORE_EVERY = 64  # rounds of one shape before the other is measured again
 MARGIN = 1.03  # the tree must be measured this much faster to replace the chain
 MIN_Q = 0.0  # confidence pruning of depth-1 branches (gmlx/drafters/tree.py); 0: never pruned
@@ -108,9 +109,8 @@ MIN_Q = 0.0  # confidence pruning of depth-1 branches (gmlx/drafters/tree.py); 0
 class TreeChoice:
     """Tree or chain at width 1, from measured round times. `mode`: "auto" (measured), "always",
     "never". Measuring phase: tree and chain rounds alternate for 2 x MIN_ROUNDS rounds (paired,
-    so both see the same load on the machine); the tree then runs only if its rate, mean tokens
-    per round over the median round time (a spike moves one round, not the median), is MARGIN
-    above the chain's; EXPLORE_EVERY rounds later both are measured again (a bounded cost: half of
+    so both see the same load on the machine); the tree then runs only if its rate (`rate`: a
+    spike moves one round, not the median) is MARGIN above the chain's; EXPLORE_EVERY rounds later both are measured again (a bounded cost: half of
     2 x MIN_ROUNDS rounds of every 2 x MIN_ROUNDS + EXPLORE_EVERY at the slower one's speed)."""
 
     def __init__(self, mode: str = "auto"):
@@ -118,6 +118,7 @@ class TreeChoice:
             raise ValueError(f"tree mode must be 'auto', 'always' or 'never', got {mode!r}")
         self.mode = mode
         self.figures = {False: deque(maxlen=WINDOW), True: deque(maxlen=WINDOW)}  # tree? -> (tokens, s)
+        self.tokens = {False: deque(maxlen=TOKENS_WINDOW), True: deque(maxlen=TOKENS_WINDOW)}  # kept across phases
         self.current = False  # tree in force (after a measuring phase)
         self.measuring = 2 * MIN_ROUNDS  # rounds left in the measuring phase
         self.run = 0  # rounds since the last decision
@@ -125,10 +126,13 @@ class TreeChoice:
         self._next = False  # the shape of the next measuring round
 
     def rate(self, tree: bool) -> float | None:
+        """Mean tokens per round (the last TOKENS_WINDOW rounds of that shape: a round's count
+        varies a lot, its mean settles slowly) over the median round time of the last measuring
+        phase (the machine's load changes quickly)."""
         f = self.figures[tree]
         if len(f) < MIN_ROUNDS:
             return None
-        return statistics.mean(t for t, _ in f) / max(statistics.median(s for _, s in f), 1e-9)
+        return statistics.mean(self.tokens[tree]) / max(statistics.median(s for _, s in f), 1e-9)
 
     def pick(self) -> bool:
         if self.mode != "auto":
@@ -142,6 +146,7 @@ class TreeChoice:
         if self.mode != "auto":
             return
         self.figures[tree].append((tokens, seconds))
+        self.tokens[tree].append(tokens)
         if self.measuring > 0:
             self.measuring -= 1
             if self.measuring == 0:
