@@ -595,5 +595,28 @@ def describe(model: nn.Module, blockers: Sequence[str] = ()) -> str | None:
     layers = getattr(model, "layers", None) or model.model.layers
     names = sorted({type(m).__name__ if (m := mixer_of(layer)) is not None else _mixer_name(layer)
                     for _, layer, _ in found})
-    how = "not rolled back: decodes plain" if blockers else "rolled back per row by per-position capture"
+    how = ("not rolled back: decodes plain" if blockers else "rolled back per row by per-position capture (a verify"
+           f" of k = 3 costs ~{100 * CAPTURE_COST[3]:.0f} % more: benchmarks/bench_hybrid.py)")
     return f"hybrid: {len(found)} of {len(layers)} layers recurrent ({', '.join(names)}), {how}"
+
+
+# What the capture and the per-row rollback add to a verify forward of k+1 tokens (a fraction
+# of it), measured by benchmarks/bench_hybrid.py on a tiny hybrid on this project's 2-core CPU
+# (bench_results/20261201T171625Z_hybrid.md: width 1, the mean of the Qwen3-Next and Qwen3.5
+# layouts; widths 2-8 add 1-5 %, the per-row gather). The engine's probe times a hybrid target's
+# verify on its own caches, capture included; these figures scale the built-in prior instead when
+# nothing is measured (GMLX_ROUND_COSTS=prior, or a probe that failed).
+CAPTURE_COST = {1: 0.005, 2: 0.015, 3: 0.03, 4: 0.03}
+
+
+def captures(model: nn.Module) -> bool:
+    """Whether this model's recurrent layers run the capture forward (a hybrid that speculates)."""
+    return any(getattr(type(mixer_of(layer)), "_gmlx_capture", False) for _, layer, _ in recurrent_layers(model))
+
+
+def prior_verify(verify: Sequence[float], model: nn.Module) -> tuple[float, ...]:
+    """The cost model's prior verify[k] for this target: a hybrid's grows by CAPTURE_COST[k]."""
+    if not captures(model):
+        return tuple(verify)
+    last = CAPTURE_COST[max(CAPTURE_COST)]
+    return tuple(v if k == 0 else v * (1.0 + CAPTURE_COST.get(k, last)) for k, v in enumerate(verify))

@@ -456,3 +456,18 @@ def test_prompt_lookup_drafts_on_a_hybrid_target(lms):
                 {0: [(i, p, prm) for i, (p, prm) in enumerate(reqs)]})
     assert check_solo(lm, run) == 0
     assert sum(run.streams[i].result.stats["num_drafted"] for i in range(3)) > 0
+
+
+def test_cost_model_prior_includes_the_capture(lms, loaded_lm):
+    """Before anything is measured, a hybrid target's verify costs the prior plus the capture's
+    measured share (gmlx.recurrent.CAPTURE_COST); a dense target's the prior alone."""
+    from gmlx.decode.probe import round_costs
+    from gmlx.drafters.select import select_drafter
+    from gmlx.policy.costs import PRIOR
+    from gmlx.recurrent import CAPTURE_COST
+
+    hybrid = round_costs(lms["q35"].target, select_drafter(lms["q35"]), 3)  # GMLX_ROUND_COSTS=prior (conftest)
+    assert hybrid.source.startswith("prior")
+    assert hybrid.verify[3] == pytest.approx(PRIOR.verify[3] * (1 + CAPTURE_COST[3])) and hybrid.verify[0] == 1.0
+    dense = round_costs(loaded_lm.target, select_drafter(loaded_lm), 3)
+    assert dense.verify == PRIOR.verify
