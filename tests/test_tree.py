@@ -189,3 +189,17 @@ def test_smollm2_tree_streams_equal_plain_decoding(smollm2, t):
     matches_solo(lm, prompt, params, row.tokens)
     full = [r for r in results[:-1] if r.drafted == K]
     assert full and all(r.accepted == K for r in full)
+
+
+def test_a_tree_request_preempted_into_the_batch_keeps_its_stream(lm, prompts):
+    """A lone request decoding trees is preempted by a waiter mid-flight (its tree round is read
+    first, only the accepted path's K/V in its cache) and finishes in the batch loop."""
+    from engine_helpers import check_solo, drive
+
+    eng = Engine(lm, EngineConfig(num_draft_tokens=K), switches=Switches(tree=True))
+    eng.scalar.choice.mode = "always"
+    arrivals = {0: [("a", prompts[0], P(40, seed=1, t=0.8))], 6: [("b", prompts[1], P(20, seed=2))]}
+    run = drive(eng, arrivals)
+    assert eng.scalar.tree_rounds > 0 and "preempt" in " ".join(map(str, run.transitions())).lower()
+    check_solo(lm, run)
+    eng.close()
