@@ -583,10 +583,6 @@ def reach(caches: Sequence, n: int) -> None:
             c.span = n
 
 
-def has_recurrent(caches: Sequence) -> bool:
-    return any(isinstance(c, RecurrentCache) for c in caches)
-
-
 def describe(model: nn.Module, blockers: Sequence[str] = ()) -> str | None:
     """One line for `gmlx doctor`: the recurrent layers and how they roll back (None: no such layer)."""
     found = recurrent_layers(model)

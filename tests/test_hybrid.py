@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import ArraysCache
 
 from engine_helpers import check_solo, drive, engine, solo, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
@@ -39,7 +39,7 @@ from gmlx.models.loading import load
 from gmlx.recurrent import RecurrentCache, install, recurrent_layers
 from gmlx.testing import ScriptedDrafter, decode_alone, make_row, run_scalar
 from native_checkpoints import qwen3_5_checkpoint, qwen3_next_checkpoint
-from numerics import assert_close, compare_tokens, same_stream
+from numerics import assert_close, same_stream
 
 PROMPT = [5, 17, 300, 42, 7, 99, 1000, 3, 64, 1500]
 PROMPTS = [PROMPT, [9, 8, 7, 600, 5, 4], [1200, 33, 33, 1, 77, 640, 2, 19, 1000, 3, 5, 6, 31], [44, 45]]
