@@ -64,6 +64,7 @@ class RecurrentCache:
         self.lengths: mx.array | None = None  # mlx-lm: tokens still valid in a prepared (right-padded) forward
         self.left_padding = None
         self._prep: np.ndarray | None = None  # host copy of `lengths`
+        self.capture = True  # False during a prefill: nothing there is rolled back (but padding)
         # One-position forwards kept reachable beyond the last one (a draft model's chained draft
         # steps are trimmed together after the verify); 0 for a target: only its last forward.
         self.span = span
@@ -165,7 +166,7 @@ class RecurrentCache:
     # -- the journal ----------------------------------------------------------------------------
     def captures(self, n: int) -> bool:
         """Whether a forward of n positions runs the capture forward (else mlx-lm's own code)."""
-        return self.lengths is None and 1 < n <= CAPTURE_MAX
+        return self.capture and self.lengths is None and 1 < n <= CAPTURE_MAX
 
     def _new_slot(self, arrays: Sequence) -> int:
         sid = self._next
@@ -557,23 +558,26 @@ def _delta_steps(mod, q, k, v, a, b, A_log, dt_bias, state, use_kernel: bool) ->
 
 
 # -- helpers over a model's cache (a list with one cache per layer) ------------------------------
-def prepare_ragged(caches: Sequence, lengths: Sequence[int]) -> bool:
-    """A prefill of rows with these many tokens follows (right-padded to the longest): the
-    recurrent layers run mlx-lm's masked path, which keeps each row's state where its tokens
-    end, and never the capture (a prefill is not rolled back, except its padding). True when
-    some layer is recurrent (call `finalize_ragged` after)."""
+def begin_prefill(caches: Sequence, lengths: Sequence[int]) -> bool:
+    """A prefill of rows with these many tokens follows (right-padded to the longest). Nothing in
+    a prefill is rolled back but its padding, so the recurrent layers run mlx-lm's own code, never
+    the capture: its masked path when the rows are ragged (each row's state stops where its tokens
+    end, the padding is trimmed later like the KV's), else its plain path. True when some layer is
+    recurrent (call `end_prefill` after)."""
     rec = [c for c in caches if isinstance(c, RecurrentCache)]
-    if not rec:
-        return False
+    ragged = len({int(n) for n in lengths}) > 1
     for c in rec:
-        c.prepare(lengths=list(lengths))
-    return True
+        c.capture = False
+        if ragged:
+            c.prepare(lengths=list(lengths))
+    return bool(rec)
 
 
-def finalize_ragged(caches: Sequence) -> None:
+def end_prefill(caches: Sequence) -> None:
     for c in caches:
         if isinstance(c, RecurrentCache):
             c.finalize()
+            c.capture = True
 
 
 def reach(caches: Sequence, n: int) -> None:

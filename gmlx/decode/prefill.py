@@ -28,9 +28,9 @@ def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, wan
     padded positions lie after a row's real ones; the caller trims them per row). Returns the
     hidden states [B, L, D] when asked."""
     longest = max((len(b) for b in bodies), default=0)
-    # A recurrent layer's state must stop where each row's tokens end (the padding is trimmed
-    # like the KV's): mlx-lm's masked path for right-padded rows (gmlx/recurrent.py).
-    ragged = recurrent.prepare_ragged(cache, [len(b) for b in bodies])
+    # Recurrent layers run mlx-lm's own code here, its masked path for right-padded rows: each
+    # row's state stops where its tokens end, the padding is trimmed like the KV's (gmlx/recurrent.py).
+    hybrid = recurrent.begin_prefill(cache, [len(b) for b in bodies])
     hiddens = []
     for i in range(0, longest, step):
         n = min(step, longest - i)
@@ -42,8 +42,8 @@ def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, wan
         else:
             target.run_backbone(chunk, cache=cache)
             mx.eval([c.state for c in cache])  # sync: bound the graph per prefill chunk
-    if ragged:
-        recurrent.finalize_ragged(cache)
+    if hybrid:
+        recurrent.end_prefill(cache)
     if not want_hidden or not hiddens:
         return None
     return hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)
