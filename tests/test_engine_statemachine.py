@@ -151,8 +151,8 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
             assert all(c.batch_size == w for c in b.cache)
             assert b.rs is not None and b.rs.seeds.shape[0] == w
             if b.draft is not None:
-                d = b.draft
-                assert b.drafter.width(d) == w and d.cache.batch_size == w and len(d.lengths) == w
+                d = getattr(b.draft, "inner", b.draft)  # under the predicted-output wrapper
+                assert b.drafter.width(b.draft) == w and d.cache.batch_size == w and len(d.lengths) == w
                 assert d.hidden is None or d.hidden.shape[0] == w
             if b.lookahead is not None:
                 assert b.lookahead.shape[0] == w

@@ -111,7 +111,7 @@ def test_a_poisoned_draft_never_reaches_the_stream(lm, prompts):
 
     def run_recording_drafts(model):
         eng = engine(model, 0)
-        drafter = eng.batch.drafter
+        drafter = getattr(eng.batch.drafter, "inner", eng.batch.drafter)  # under the predicted-output wrapper
         drafted, real = [], drafter.draft
 
         def recording(st, k, pick, target_cache):

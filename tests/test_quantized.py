@@ -149,6 +149,10 @@ def test_a_family_that_post_processes_logits_is_refused_by_name(q4):
             super().__init__()
             self.model, self.inner = inner.model, inner
 
+        @property
+        def layers(self):
+            return self.inner.layers
+
         def __call__(self, x, cache=None):
             return 30.0 * mx.tanh(self.inner(x, cache=cache) / 30.0)
 
