@@ -18,6 +18,9 @@ then gains with a drafter that agrees.
    times verify forwards on the target's own caches, capture included; run once in every repeat,
    the median of its figures): ideal = (k + 1) / (verify[k] + k * draft). Prompts interleave the
    arms one by one, the order alternating; speedup = median over repeats of spec / plain.
+3. batch loop: W = 2, 4 requests together (cap 0, k = 3), each row's drafts its own greedy stream
+   (the MTP head running per row), against the same requests plain; decode tokens/s after the
+   first step; ideal from the probe's costs at that width.
 
 Run:  python benchmarks/bench_hybrid.py
 Writes bench_results/<utc>_hybrid.json and .md (machine from gmlx.machine.describe()).
@@ -40,7 +43,10 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache
 
-from gmlx.config import SamplingParams
+from gmlx import Engine, EngineConfig
+from gmlx.config import SamplingParams, Switches
+from gmlx.drafters.mtp import MTPDrafter
+from gmlx.engine.metrics import EventKind
 from gmlx.decode.prefill import prefill
 from gmlx.decode.probe import measure
 from gmlx.decode.scalar import ScalarLane
@@ -231,6 +237,91 @@ def agreeing_speedups(lm, ks, reps: int, prompts: list[list[int]], max_tokens: i
     return out
 
 
+class _AgreeingRows(MTPDrafter):
+    """The MTP head runs per row as in real drafting; each row's drafts are replaced by its own
+    greedy reference stream (a drafter that always agrees, in the batch loop)."""
+
+    def __init__(self, head, d_model: int, refs: dict):
+        super().__init__(head, d_model)
+        self.refs = refs  # tuple(prompt) -> greedy stream
+        self.rows = {}  # id(state) -> rows, in the batch's order
+
+    def _keep(self, st, rows):
+        self.rows = {id(st): list(rows)}
+        return st
+
+    def start(self, rows, pres):
+        return self._keep(super().start(rows, pres), rows)
+
+    def merge(self, a, b):
+        rows = self.rows[id(a)] + self.rows[id(b)]
+        return self._keep(super().merge(a, b), rows)
+
+    def filter(self, st, keep):
+        rows = [self.rows[id(st)][i] for i in keep]
+        return self._keep(super().filter(st, keep), rows)
+
+    def capture(self, rows, hidden, targets):
+        return self._keep(super().capture(rows, hidden, targets), rows)
+
+    def draft(self, st, k, pick, target_cache):
+        rows = self.rows[id(st)]
+        real = super().draft(st, k, pick, target_cache)
+        if any(tuple(r.prompt) not in self.refs for r in rows):  # the probe's rows: the head's own drafts
+            return real
+        forced = []
+        for r, pos in zip(rows, pick.first_positions):
+            ref, i = self.refs[tuple(r.prompt)], int(pos) - len(r.prompt)
+            forced.append((ref[i: i + k] + [0] * k)[:k])
+        return mx.array(forced, dtype=mx.int32) + 0 * real
+
+
+def agreeing_batches(lm, widths, k: int, reps: int, max_tokens: int) -> list[dict]:
+    """W requests decoding together (cap 0: every round speculates at k), each row's drafts its own
+    greedy stream, against the same W requests decoded plain; decode tokens/s after the first step."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
+    out = []
+    for w in widths:
+        prompts = [[(17 * i + 5 * j + 2) % VOCAB for j in range(20 + 4 * i)] for i in range(w)]
+        refs = {tuple(p): decode_alone(ScalarLane(lm.target, None, 1), make_row(lm, p, params, eos_ids=set())).tokens
+                for p in prompts}
+
+        def run(spec: bool) -> float:
+            cfg = EngineConfig(width_cap=0, num_draft_tokens=k if spec else None, speculative=spec,
+                               prompt_cache_bytes=0)
+            drafter = _AgreeingRows(lm.head, lm.target.hidden_size, refs) if spec else None
+            eng = Engine(lm, cfg, switches=Switches(preempt=True, resume=True, control=False), drafter=drafter)
+            streams = [eng.submit(p, params, start=False) for p in prompts]
+            first = sum(n for e in eng.step() if e.kind is EventKind.ROUND for *_, n in e.rows)
+            t0 = time.perf_counter()
+            while eng.has_work:
+                eng.step()
+            dt = time.perf_counter() - t0
+            recs = [s.wait(5) for s in streams]
+            eng.close()
+            assert all(r.tokens == refs[tuple(p)] for r, p in zip(recs, prompts)), "an agreeing drafter moved a token"
+            return (sum(len(r.tokens) for r in recs) - first) / dt
+
+        run(False), run(True)  # warm-up
+        plain, spec = [], []
+        for r in range(reps):
+            for s_ in ((False, True) if r % 2 == 0 else (True, False)):
+                (spec if s_ else plain).append(run(s_))
+        probes = [measure(lm.target, _AgreeingRows(lm.head, lm.target.hidden_size, {}), k, width=w)
+                  for _ in range(3)]
+        verify = statistics.median(c.verify_cost(k) for c in probes)
+        draft = statistics.median(c.draft for c in probes)
+        ideal = (k + 1) / (verify + k * draft)
+        speedup = statistics.median(a / b for a, b in zip(spec, plain))
+        row = {"width": w, "k": k, "plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
+               "speedup": speedup, "verify_k": verify, "draft": draft, "ideal": ideal,
+               "achieved_over_ideal": speedup / ideal}
+        print(f"batch W={w} k={k}: speedup {speedup:.2f}x, ideal {ideal:.2f}x (verify {verify:.2f}, draft "
+              f"{draft:.3f}): {speedup / ideal:.2f} of ideal", flush=True)
+        out.append(row)
+    return out
+
+
 def markdown(result: dict) -> str:
     lines = [f"# bench_hybrid ({result['utc']})", "", f"`{result['command']}`", "",
              "machine: " + ", ".join(f"{k} {v}" for k, v in result["machine"].items()), ""]
@@ -247,6 +338,13 @@ def markdown(result: dict) -> str:
             lines += [f"| {x['k']} | {x['plain_tok_s']:.1f} | {x['spec_tok_s']:.1f} | {x['speedup']:.2f}x | "
                       f"{x['verify_k']:.2f} | {x['draft']:.3f} | {x['ideal']:.2f}x | {x['achieved_over_ideal']:.2f} |"
                       for x in r["scalar"]]
+        if r.get("batch"):
+            lines += ["", f"## {fam}: batch loop, each row's drafter agrees (greedy, cap 0)", "",
+                      "| width | k | plain tok/s | spec tok/s | speedup | verify[k] | draft | ideal | of ideal |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            lines += [f"| {x['width']} | {x['k']} | {x['plain_tok_s']:.1f} | {x['spec_tok_s']:.1f} | {x['speedup']:.2f}x | "
+                      f"{x['verify_k']:.2f} | {x['draft']:.3f} | {x['ideal']:.2f}x | {x['achieved_over_ideal']:.2f} |"
+                      for x in r["batch"]]
         lines.append("")
     return "\n".join(lines)
 
@@ -266,6 +364,9 @@ def main() -> None:
     ap.add_argument("--scalar-reps", type=int, default=3)
     ap.add_argument("--scalar-prompts", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--batch-widths", default="2,4")
+    ap.add_argument("--batch-k", type=int, default=3)
+    ap.add_argument("--batch-reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     ks = [int(x) for x in a.ks.split(",")]
@@ -281,6 +382,9 @@ def main() -> None:
             if a.scalar_reps:
                 prompts = [[(13 * i + 7 * j + 1) % VOCAB for j in range(24 + 8 * i)] for i in range(a.scalar_prompts)]
                 fam_out["scalar"] = agreeing_speedups(lm, ks, a.scalar_reps, prompts, a.max_tokens)
+            if a.batch_reps and a.batch_widths:
+                fam_out["batch"] = agreeing_batches(lm, [int(x) for x in a.batch_widths.split(",")], a.batch_k,
+                                                    a.batch_reps, a.max_tokens)
             result["families"][fam] = fam_out
     path = write_result(a.out, "hybrid", result)
     path.with_suffix(".md").write_text(markdown(result) + "\n")

@@ -175,8 +175,8 @@ class RecurrentCache:
         return sid
 
     def _ensure_rows(self) -> None:
-        if self._tokens is None:
-            self._init_rows(self.batch_size)
+        if self._tokens is None:  # never written: one sequence (as mlx-lm's KVCache), or its arrays' rows
+            self._init_rows(self.batch_size or 1)
 
     def record(self, snaps: list[tuple]) -> None:
         """A captured forward: snaps[t] holds the arrays after t+1 of its positions (every row);
@@ -319,7 +319,7 @@ def _cat(caches: Sequence[RecurrentCache]) -> list:
             out.append(None)
             continue
         parts = [c.cache[j].astype(ref.dtype) if c.cache[j] is not None
-                 else mx.zeros((c.batch_size,) + ref.shape[1:], ref.dtype) for c in caches]
+                 else mx.zeros((len(c._tokens),) + ref.shape[1:], ref.dtype) for c in caches]
         parts = [p for p in parts if p.shape[0]]
         out.append(mx.concatenate(parts, axis=0) if parts else None)
     return out
@@ -596,17 +596,17 @@ def describe(model: nn.Module, blockers: Sequence[str] = ()) -> str | None:
     names = sorted({type(m).__name__ if (m := mixer_of(layer)) is not None else _mixer_name(layer)
                     for _, layer, _ in found})
     how = ("not rolled back: decodes plain" if blockers else "rolled back per row by per-position capture (a verify"
-           f" of k = 3 costs ~{100 * CAPTURE_COST[3]:.0f} % more: benchmarks/bench_hybrid.py)")
+           f" of k = 3 costs ~{100 * CAPTURE_COST[3]:.0f} % more at width 1, ~4 % at width 8: benchmarks/bench_hybrid.py)")
     return f"hybrid: {len(found)} of {len(layers)} layers recurrent ({', '.join(names)}), {how}"
 
 
 # What the capture and the per-row rollback add to a verify forward of k+1 tokens (a fraction
 # of it), measured by benchmarks/bench_hybrid.py on a tiny hybrid on this project's 2-core CPU
-# (bench_results/20261201T171625Z_hybrid.md: width 1, the mean of the Qwen3-Next and Qwen3.5
-# layouts; widths 2-8 add 1-5 %, the per-row gather). The engine's probe times a hybrid target's
-# verify on its own caches, capture included; these figures scale the built-in prior instead when
-# nothing is measured (GMLX_ROUND_COSTS=prior, or a probe that failed).
-CAPTURE_COST = {1: 0.005, 2: 0.015, 3: 0.03, 4: 0.03}
+# (bench_results/20261201T173353Z_hybrid.md: width 1, the mean of the Qwen3-Next and Qwen3.5
+# layouts, 21 interleaved pairs; widths 2-8 add 1-4 %, the per-row gather). The engine's probe
+# times a hybrid target's verify on its own caches, capture included; these figures scale the
+# built-in prior instead when nothing is measured (GMLX_ROUND_COSTS=prior, or a probe that failed).
+CAPTURE_COST = {1: 0.015, 2: 0.015, 3: 0.01, 4: 0.015}
 
 
 def captures(model: nn.Module) -> bool:

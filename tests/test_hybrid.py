@@ -471,3 +471,14 @@ def test_cost_model_prior_includes_the_capture(lms, loaded_lm):
     assert hybrid.verify[3] == pytest.approx(PRIOR.verify[3] * (1 + CAPTURE_COST[3])) and hybrid.verify[0] == 1.0
     dense = round_costs(loaded_lm.target, select_drafter(loaded_lm), 3)
     assert dense.verify == PRIOR.verify
+
+
+def test_one_token_prompts(lms):
+    """A one-token prompt has nothing to prefill (its recurrent state starts empty): alone in the
+    scalar loop, preempted into a batch, and admitted into one."""
+    lm = lms["q35"]
+    arrivals = {0: [("one", [77], _params(0, 20))],
+                2: [("w", PROMPTS[1], _params(1, 10)), ("one_b", [1500], _params(2, 8))]}
+    run = drive(engine(lm, 0, speculative=True, num_draft_tokens=3), arrivals)
+    assert check_solo(lm, run) == 0
+    assert "preempt" in run.transitions()
