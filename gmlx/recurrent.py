@@ -331,10 +331,13 @@ def recurrent_layers(model: nn.Module) -> list[tuple[int, nn.Module, int]]:
     ArraysCache (mlx-lm's MambaCache is one), found from the model's own `make_cache`."""
     from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        layers = model.model.layers
-    caches = make_prompt_cache(model)
+    try:
+        layers = getattr(model, "layers", None)
+        if layers is None:
+            layers = model.model.layers
+        caches = make_prompt_cache(model)
+    except (AttributeError, TypeError):  # not an mlx-lm decoder with per-layer caches: nothing recurrent here
+        return []
     return [(i, layers[i], len(c.cache)) for i, c in enumerate(caches) if isinstance(c, ArraysCache)]
 
 
