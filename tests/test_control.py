@@ -126,13 +126,12 @@ def clean(lm):
 
 def forced(monkeypatch, spec_cost: float):
     """Round times replaced: plain rounds 10 ms, speculative ones spec_cost x 10 ms."""
-    real = speculation.Speculation.observe
+    real = speculation.Speculation.record_time
 
-    def observe(self, kind, width, seconds, results, scalar_k):
-        k = max((r.drafted for r in results), default=0)
-        return real(self, kind, width, 0.010 * (spec_cost if k else 1.0), results, scalar_k)
+    def record_time(self, width, k, seconds):
+        return real(self, width, k, 0.010 * (spec_cost if k else 1.0))
 
-    monkeypatch.setattr(speculation.Speculation, "observe", observe)
+    monkeypatch.setattr(speculation.Speculation, "record_time", record_time)
 
 
 def on(lm, cap=0, **kw):

@@ -127,7 +127,7 @@ class Engine:
         plan = self._decide(self._view(caps_now.cap))
         self._apply(plan)
         trace.mark("admission")
-        self._round(plan.round)
+        self._round(plan.round, steady=not (plan.transitions or plan.admit))
         self._retire_finished()
         if events:
             notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
@@ -257,14 +257,17 @@ class Engine:
         return self.drafter is not None and self.drafter.needs_hidden
 
     # ---- the round ---------------------------------------------------------------------
-    def _round(self, kind: Round) -> None:
+    def _round(self, kind: Round, steady: bool = True) -> None:
+        """Run the plan's round and emit it. `steady`: no transition or admission ran before it in
+        this step (the control times rounds start to start, over steady stretches only)."""
+        rows = self.live_rows()
+        t0 = time.perf_counter()
+        self.spec.round_starts(t0, len(rows), steady and kind is not Round.NONE)
         if kind is Round.NONE:
             return
-        t0 = time.perf_counter()
-        rows = self.live_rows()
         results = self._run(kind, len(rows))
         now = time.perf_counter()
-        self.spec.observe(kind, len(rows), now - t0, results, self.scalar.last_k)
+        self.spec.observe(kind, len(rows), t0, results, self.scalar.last_k)
         for width, why in self.spec.switched():
             self.counters.control_switches += 1
             self._emit_event(lambda: Event(EventKind.DECISION, self.mode, width, reason=why))

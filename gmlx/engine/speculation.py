@@ -28,6 +28,7 @@ class Speculation:
         on = control and drafter is not None and explicit_k is None and costs is not None
         self.control = Controller(target, drafter.kind, costs) if on else None
         self.choice: Choice | None = None  # this step's choice at the batch's width
+        self._pending: tuple | None = None  # (width, k, start) of the last round, until the next starts
 
     def ceiling(self, width: int) -> int:
         """The most drafts per round at this width (explicit K, else calibrated, else default)."""
@@ -56,22 +57,40 @@ class Speculation:
             return self.choice.k
         return max(1, self.ceiling(width))
 
-    def observe(self, kind: Round, width: int, seconds: float, results: list, scalar_k: int | None) -> None:
-        """Feed a round to the control: its kind's k, its wall time when steady, its acceptance."""
-        if self.control is None:  # a plain engine's rounds still teach the others on this target
-            if self.drafter is None and _TIMED.get(kind, False) and width >= 1:
-                record_plain(self.target, width, seconds)
-            return
+    def observe(self, kind: Round, width: int, t0: float, results: list, scalar_k: int | None) -> None:
+        """Feed a round that started at t0 to the control: its acceptance and tokens now; its time
+        when the next round starts (`round_starts`), as the period between the two starts, so the
+        figure holds all the engine's work per round (emission, retirement, admission's planning,
+        the caller's loop), not the forward alone."""
+        self._pending = None
         if kind is Round.NONE or width < 1:
             return
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
             k = scalar_k or 0
         else:
             k = max((r.drafted for r in results), default=0) if kind is Round.SPECULATIVE else 0
+        if self.control is None:  # a plain engine's rounds still teach the others on this target
+            if self.drafter is None and _TIMED.get(kind, False):
+                self._pending = (width, 0, t0)
+            return
         if k > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
             return  # round): neither its time nor its acceptance says what the model's drafter buys
-        steady = seconds if _TIMED.get(kind, False) else None
-        self.control.observe(width, k, steady, [(r.drafted, r.accepted) for r in results])
+        self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results])
+        if _TIMED.get(kind, False):
+            self._pending = (width, k, t0)
+
+    def round_starts(self, t: float, width: int, steady: bool) -> None:
+        """A round of `width` rows starts at t: the previous round's period ends here, and counts
+        when nothing but rounds ran in between (no transition, admission or change of width)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and steady and pending[0] == width:
+            self.record_time(pending[0], pending[1], t - pending[2])
+
+    def record_time(self, width: int, k: int, seconds: float) -> None:
+        if self.control is not None:
+            self.control.at(width).add_time(k, seconds)
+        else:
+            record_plain(self.target, width, seconds)
 
     def summary(self, widths=(1, 2, 4, 8)) -> str:
         """The setting in one line, before anything runs (serve's start line, doctor)."""

@@ -1,14 +1,17 @@
 """Online control of speculation: what each width and K really buys, measured from the rounds the
 engine runs, and the choice that follows — K drafts per round, or plain decoding (K = 0).
 
-Per width w (exact up to 8, then powers of two) the controller keeps the wall time of recent
-rounds for each k it ran (k = 0: plain rounds), and the per-position acceptance alpha of the
-drafts at that width. Its prediction for k drafts, relative to plain decoding, is
+Per width w (exact up to 8, then powers of two) the controller keeps the period of recent rounds
+(from one round's start to the next's: everything the engine does per round, host work included)
+for each k it ran (k = 0: plain rounds), the tokens a row emitted per round at each k, and the
+per-position acceptance alpha of the drafts at that width. Its prediction for k drafts, relative
+to plain decoding, is
 
-    gain(w, k) = E(alpha_w, k) * T(w, 0) / T(w, k),    E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)
+    gain(w, k) = E(w, k) * T(w, 0) / T(w, k)
 
-(E is the tokens a row emits per round: its accepted run plus the bonus; docs in costs.py). T is
-the median of the last WINDOW rounds of that kind — a load spike moves one round, not the median.
+with E the measured mean tokens per row and round at k (its accepted run plus the bonus), or
+before that the geometric model E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) (costs.py). T is
+the median of the last WINDOW periods of that kind — a load spike moves one round, not the median.
 A T not measured yet comes from one that is, scaled by the cost model (`Costs.round_cost`: the
 probe's verify and drafter costs, or the built-in prior): before any round, the prediction is the
 cost model's; after a few, it is the machine's. The best k (gain, k = 0 counting 1) runs, with
@@ -42,7 +45,7 @@ TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best
 MARGIN = 1.05  # hysteresis: another choice must be predicted 5 % better to replace the one in force
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
-PLAIN_WINDOW = 4  # plain rounds a speculating width runs once, when it has no plain measurement
+PLAIN_WINDOW = 5  # plain rounds a speculating width runs once, when it has no plain measurement
 PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 3.0  # acceptance before any round, worth three rounds
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
@@ -77,12 +80,21 @@ class Acceptance:
 
 @dataclass
 class Times:
-    """Recent round wall times, per k, at one width."""
+    """Recent round periods (start to next start), per k, at one width; and for speculative k the
+    tokens each row emitted per round (measured, so the gain needs no model of acceptance there)."""
 
     by_k: dict[int, deque] = field(default_factory=dict)
+    tokens: dict[int, deque] = field(default_factory=dict)
 
     def add(self, k: int, seconds: float) -> None:
         self.by_k.setdefault(k, deque(maxlen=WINDOW)).append(seconds)
+
+    def add_tokens(self, k: int, per_row: float) -> None:
+        self.tokens.setdefault(k, deque(maxlen=2 * WINDOW)).append(per_row)
+
+    def tokens_per_round(self, k: int) -> float | None:
+        d = self.tokens.get(k)
+        return sum(d) / len(d) if d is not None and len(d) >= MIN_SAMPLES else None
 
     def median(self, k: int) -> float | None:
         d = self.by_k.get(k)
@@ -157,7 +169,8 @@ class WidthControl:
         t0, tk, measured = self.times(k, costs)
         if t0 is None:  # nothing measured at this width: the cost model alone
             return costs.speedup(alpha, k), False
-        return emitted(alpha, k) * t0 / tk, measured
+        seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
+        return (seen if seen is not None else emitted(alpha, k)) * t0 / tk, measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None) -> Choice:
         """The k to run now (0: plain): the best predicted, kept by hysteresis; speculation tried
@@ -200,11 +213,17 @@ class WidthControl:
                 return k
         return best
 
+    def add_time(self, k: int, seconds: float) -> None:
+        """A steady round's period at this width with k drafts (0: plain)."""
+        (self.plain if k == 0 else self.spec).add(k, seconds)
+
     def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
         """A round ran at this width with k drafts (0: plain) in `seconds` (None: not a steady-state
         round, e.g. a capture round); `rows`: (drafted, accepted) per row."""
         if seconds is not None:
             (self.plain if k == 0 else self.spec).add(k, seconds)
+        if k and rows:
+            self.spec.add_tokens(k, sum(min(a, d) + 1 for d, a in rows) / len(rows))
         for drafted, accepted in rows:
             self.acceptance.record(drafted, accepted)
         self.rounds_in_choice += 1
