@@ -105,6 +105,14 @@ def test_a_new_engine_continues_from_what_this_process_learnt_about_the_target()
     assert Controller(t, "draft", COSTS).at(3).plain.by_k[0][-1] == 0.004
 
 
+def test_a_new_width_starts_from_the_acceptance_the_drafter_showed_nearby():
+    ctl = fresh()
+    for _ in range(20):
+        feed(ctl, 1, 3, 0.01, accepted=0)
+    assert ctl.at(2).acceptance.alpha < 0.2 and ctl.at(2).acceptance.rounds == 0
+    assert Controller(_Target(), "mtp", COSTS).at(2).acceptance.alpha == pytest.approx(0.6)  # nothing seen: the prior
+
+
 def test_acceptance_decays_so_a_drafter_that_starts_agreeing_is_seen():
     a = Acceptance()
     for _ in range(30):

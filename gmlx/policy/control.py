@@ -281,9 +281,21 @@ class Controller:
             key = (self.drafter_kind, b)
             if key not in self._shared:
                 plain = self._plain.setdefault(b, Times())
-                self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()))
+                wc = self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()))
+                wc.acceptance = self._nearest_acceptance(b)
             self.widths[b] = self._shared[key]
         return self.widths[b]
+
+    def _nearest_acceptance(self, b: int) -> Acceptance:
+        """A new width starts from the acceptance this drafter showed at the nearest width that
+        ran (worth the prior's weight), not the generic prior: a drafter that agrees 20 % of the
+        time alone agrees about as often beside other rows."""
+        seen = [(abs(w - b), wc) for (kind, w), wc in self._shared.items()
+                if kind == self.drafter_kind and w != b and wc.acceptance.rounds]
+        if not seen:
+            return Acceptance()
+        alpha = min(seen, key=lambda x: x[0])[1].acceptance.alpha
+        return Acceptance(alpha * PRIOR_WEIGHT, (1 - alpha) * PRIOR_WEIGHT)
 
     def choose(self, width: int, max_k: int, acceptance: Acceptance | None = None) -> Choice:
         """The k to run at this width now (at most `max_k`, the configured ceiling). Call once per
