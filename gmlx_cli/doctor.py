@@ -49,9 +49,9 @@ def _drafter(lm, engine) -> str:
 
 def _hybrid(lm) -> str:
     """A hybrid target's recurrent layers and what rolling them back costs (gmlx/recurrent.py)."""
-    from gmlx import recurrent
+    from gmlx.models import gated_delta
 
-    line = recurrent.describe(lm.target.model, lm.rollback_blockers)
+    line = gated_delta.describe(lm.target.model, lm.rollback_blockers)
     return f"; {line}" if line else ""
 
 

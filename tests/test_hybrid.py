@@ -36,7 +36,8 @@ from gmlx.drafters.mtp import MTPDrafter
 from gmlx.kv import extract_row, lift_caches, make_ragged_cache, trim_rows
 from gmlx.models import family
 from gmlx.models.loading import load
-from gmlx.recurrent import RecurrentCache, install, recurrent_layers
+from gmlx.models.gated_delta import install
+from gmlx.recurrent import RecurrentCache, recurrent_layers
 from gmlx.testing import ScriptedDrafter, decode_alone, make_row, run_scalar
 from native_checkpoints import qwen3_5_checkpoint, qwen3_next_checkpoint
 from numerics import assert_close, same_stream
@@ -460,11 +461,11 @@ def test_prompt_lookup_drafts_on_a_hybrid_target(lms):
 
 def test_cost_model_prior_includes_the_capture(lms, loaded_lm):
     """Before anything is measured, a hybrid target's verify costs the prior plus the capture's
-    measured share (gmlx.recurrent.CAPTURE_COST); a dense target's the prior alone."""
+    measured share (gmlx.models.gated_delta.CAPTURE_COST); a dense target's the prior alone."""
     from gmlx.decode.probe import round_costs
     from gmlx.drafters.select import select_drafter
     from gmlx.policy.costs import PRIOR
-    from gmlx.recurrent import CAPTURE_COST
+    from gmlx.models.gated_delta import CAPTURE_COST
 
     hybrid = round_costs(lms["q35"].target, select_drafter(lms["q35"]), 3)  # GMLX_ROUND_COSTS=prior (conftest)
     assert hybrid.source.startswith("prior")

@@ -21,7 +21,7 @@ import weakref
 import mlx.core as mx
 import numpy as np
 
-from gmlx import recurrent
+from gmlx.models.gated_delta import prior_verify
 from gmlx.config import SamplingParams
 from gmlx.decode.prefill import Prefilled, prefill
 from gmlx.drafters.base import DraftPick, Drafter
@@ -37,7 +37,7 @@ _measured: "weakref.WeakKeyDictionary[Target, dict]" = weakref.WeakKeyDictionary
 def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
     """The measured costs for this target and drafter kind (measured once per process)."""
     if os.environ.get("GMLX_ROUND_COSTS", "").strip().lower() == "prior":
-        return Costs(recurrent.prior_verify(PRIOR.verify, target.model), drafter.step_cost,
+        return Costs(prior_verify(PRIOR.verify, target.model), drafter.step_cost,
                      "prior (GMLX_ROUND_COSTS=prior)")
     per_target = _measured.setdefault(target, {})
     key = (drafter.kind, max_k)
@@ -47,7 +47,7 @@ def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
         except Exception as e:  # a drafter the probe cannot drive: its constant, said once
             warnings.warn(f"gmlx: could not measure the {drafter.kind} drafter's round costs ({type(e).__name__}:"
                           f" {e}); using the built-in estimates", RuntimeWarning, stacklevel=2)
-            per_target[key] = Costs(recurrent.prior_verify(PRIOR.verify, target.model), drafter.step_cost,
+            per_target[key] = Costs(prior_verify(PRIOR.verify, target.model), drafter.step_cost,
                                     "prior (probe failed)")
     return per_target[key]
 

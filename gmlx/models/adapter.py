@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from gmlx import recurrent
+from gmlx.models import gated_delta
 from gmlx.errors import ModelLoadError
 from gmlx.models import dequantized
 from gmlx.models.heads import HIDDEN_CONVENTIONS, POST_NORM, PRE_NORM
@@ -54,7 +55,7 @@ class Target:
         self.num_layers = len(backbone.layers)
         # Hybrid families: recurrent layers capture their state per position in a multi-token
         # forward, so a verify rolls back exactly (gmlx/recurrent.py); why not, when they cannot.
-        self.recurrent_blockers = recurrent.install(model)
+        self.recurrent_blockers = gated_delta.install(model)
         # A quantized model on the CPU runs its multi-token forwards through a dequantized twin
         # (gmlx/models/dequantized.py): a verify of k+1 tokens then costs ~1.3 steps, not k+1.
         # One-token steps too when the twin is the faster there (measured at load).

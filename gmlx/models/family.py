@@ -80,9 +80,9 @@ def is_moe(model: nn.Module) -> bool:
 
 def rollback_blockers(model: nn.Module) -> list[str]:
     """The target cache kinds that cannot be rolled back, with why (empty: speculation can roll
-    back). Recurrent layers gmlx captures (gmlx.recurrent.install) are not blockers."""
-    from gmlx import recurrent
+    back). Recurrent layers gmlx captures (gmlx.models.gated_delta.install) are not blockers."""
+    from gmlx.models import gated_delta
 
     caches = make_prompt_cache(model)
     other = sorted({type(c).__name__ for c in caches if not isinstance(c, ArraysCache) and not c.is_trimmable()})
-    return other + recurrent.install(model)
+    return other + gated_delta.install(model)

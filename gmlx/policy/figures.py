@@ -1,0 +1,92 @@
+"""The online control's records (gmlx/policy/control.py): width buckets, the acceptance estimate,
+recent round periods and tokens per K, and a choice with its reason. Pure host arithmetic."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOW = 16  # rounds per (width, k) in the running median
+MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's figure
+PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 3.0  # acceptance before any round, worth three rounds
+DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
+
+
+def bucket(width: int) -> int:
+    """Widths pooled for the figures: exact to 8, then the power of two at or below."""
+    if width <= 8:
+        return max(1, width)
+    return 1 << (width.bit_length() - 1)
+
+
+@dataclass
+class Acceptance:
+    """Per-position acceptance as a decayed geometric MLE: a round that drafted k and accepted a
+    adds a successes and one failure when a < k (alpha = s / (s + f))."""
+
+    successes: float = PRIOR_ALPHA * PRIOR_WEIGHT
+    failures: float = (1 - PRIOR_ALPHA) * PRIOR_WEIGHT
+    rounds: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.successes = self.successes * DECAY + accepted
+            self.failures = self.failures * DECAY + (accepted < drafted)
+            self.rounds += 1
+
+
+@dataclass
+class Times:
+    """Recent round periods (start to next start), per k, at one width; and for speculative k the
+    tokens each row emitted per round (measured, so the gain needs no model of acceptance there)."""
+
+    by_k: dict[int, deque] = field(default_factory=dict)
+    tokens: dict[int, deque] = field(default_factory=dict)
+
+    def add(self, k: int, seconds: float) -> None:
+        self.by_k.setdefault(k, deque(maxlen=WINDOW)).append(seconds)
+
+    def add_tokens(self, k: int, per_row: float) -> None:
+        self.tokens.setdefault(k, deque(maxlen=2 * WINDOW)).append(per_row)
+
+    def tokens_per_round(self, k: int) -> float | None:
+        d = self.tokens.get(k)
+        return sum(d) / len(d) if d is not None and len(d) >= MIN_SAMPLES else None
+
+    def median(self, k: int) -> float | None:
+        d = self.by_k.get(k)
+        return statistics.median(d) if d is not None and len(d) >= MIN_SAMPLES else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the control runs at a width, and why (said to the user: generate, bench, serve)."""
+
+    k: int  # 0: plain
+    gain: float  # predicted tokens/s relative to plain decoding (1.0 for plain)
+    alpha: float
+    plain_s: float | None  # the plain round time used (measured or derived)
+    round_s: float | None  # the chosen k's round time (measured or derived); None: plain
+    measured: bool  # both times measured here (not the cost model's figures)
+    exploring: bool = False
+    window: bool = False  # a plain round of the once-only plain measurement (speculation stays chosen)
+    best_spec: tuple[int, float] | None = None  # the best K >= 1 and its predicted gain (why plain)
+
+    @property
+    def reason(self) -> str:
+        src = "measured" if self.measured else "cost model"
+        if self.window:
+            return "measuring plain rounds once at this width"
+        if self.exploring:
+            return f"trying K={self.k} again (plain for a while; acceptance {self.alpha:.2f})"
+        if self.k == 0:
+            alt = f"best K={self.best_spec[0]} predicted {self.best_spec[1]:.2f}x, " if self.best_spec else ""
+            return f"plain: {alt}acceptance {self.alpha:.2f} ({src})"
+        times = (f", round {1e3 * self.round_s:.1f} ms vs plain {1e3 * self.plain_s:.1f} ms"
+                 if self.round_s and self.plain_s else "")
+        return f"K={self.k}: {self.gain:.2f}x predicted ({src}{times}, acceptance {self.alpha:.2f})"
