@@ -174,7 +174,7 @@ class Engine:
         live = self.live_rows()
         batch_width = len(live) if self.mode in (Mode.BATCHED, Mode.GATED) else 0
         return admission.View(
-            plain_widths=self.spec.plain_widths(batch_width, len(live) + self.service.queued),
+            plain_widths=self.spec.plain_widths(batch_width, len(live), self.service.queued),
             plain_why=self.spec.plain_why,
             mode=self.mode, width=len(live), queued=self.service.queued, cap=cap,
             speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
