@@ -205,6 +205,16 @@ def test_unpinned_real_round_times_every_stream_equals_solo(lm, prompts, clean):
     eng.close()
 
 
+def test_a_lone_request_under_cap_off_says_what_the_scalar_loop_ran(lm, prompts, clean):
+    """The cap governs batches only: a lone request under cap "off" still speculates, and says so."""
+    eng = on(lm, cap="off")
+    run = drive(eng, {0: [("a", prompts[5], P(24))]})
+    check_solo(lm, run)
+    rec = run.streams["a"].result
+    assert "over the cap" not in rec.stats["speculation"] and rec.stats["num_drafted"] > 0, rec.stats
+    eng.close()
+
+
 def test_an_explicit_k_is_obeyed_and_the_switch_turns_the_control_off(lm, clean):
     assert on(lm, num_draft_tokens=2).spec.control is None
     assert Engine(lm, EngineConfig(), switches=Switches(control=False)).spec.control is None

@@ -314,7 +314,7 @@ class Engine:
         if not done:
             return
         for r in done:
-            r.stats.decision = self.spec.describe(len(live))
+            r.stats.decision = self.spec.describe(len(live), lone=self.mode is Mode.SCALAR)
             self.service.finish(r)
             self._emit_event(lambda r=r: Event(EventKind.FINISH, self.mode, len(live), rid=r.rid,
                                                stats=r.stats.as_dict()))

@@ -112,14 +112,15 @@ class Speculation:
         out, self.control.switched = self.control.switched, []
         return out
 
-    def describe(self, width: int) -> str:
-        """What runs at this width and why, in one line."""
+    def describe(self, width: int, lone: bool = False) -> str:
+        """What runs at this width and why, in one line (`lone`: the scalar loop's request, which
+        the cap does not govern)."""
         if self.drafter is None:
             return "plain: no drafter"
         if self.explicit_k is not None:
             return f"K={self.explicit_k} ({self.drafter.kind}): explicit --num-draft-tokens, always speculates"
         cap = self.caps.current
-        if not cap.allows(width):
+        if not lone and not cap.allows(width):
             return f"plain: width {width} over the cap {cap}"
         if self.control is None:
             return f"K<={self.ceiling(width)} ({self.drafter.kind}): cap {cap}; online control off (GMLX_CONTROL=0)"
