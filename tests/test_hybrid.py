@@ -93,8 +93,10 @@ def test_hybrids_can_roll_back(lms, name):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_capture_forward_is_mlx_lms_forward(lms, name):
-    """The capture forward (gmlx) and mlx-lm's own forward, on the same shapes: bit-identical
-    outputs and states, from an empty state and from a written one."""
+    """The capture forward (gmlx) and mlx-lm's own forward, on the same shapes: equal outputs and
+    states (bit-identical on the CPU, where mlx-lm's gated-delta step runs the same ops; within
+    the rounding of other kernels where it runs a fused kernel), from an empty state and from a
+    written one."""
     _, layer, _ = recurrent_layers(lms[name].target.model)[0]
     mixer = layer.linear_attn
     base = type(mixer).__mro__[1]
@@ -103,10 +105,10 @@ def test_capture_forward_is_mlx_lms_forward(lms, name):
     for part in (x[:, :3], x[:, 3:]):
         ref = base.__call__(mixer, part, None, ref_c)
         ours = mixer(part, None, ours_c)
-        assert mx.array_equal(ref, ours).item()
+        assert_close(ours, ref)
         for a, b in zip(ref_c.cache, ours_c.cache):
-            assert mx.array_equal(a, b).item()
-    assert mx.array_equal(mixer(x, None, ArraysCache(2)), base.__call__(mixer, x, None, ArraysCache(2))).item()
+            assert_close(b, a)
+    assert_close(mixer(x, None, ArraysCache(2)), base.__call__(mixer, x, None, ArraysCache(2)))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
