@@ -5,17 +5,14 @@ tensor names, d2t and t2d), for tests/test_eagle3.py."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 from gmlx.models.loading import default_model_path
-from gmlx.testing.micro import make_micro_model
+from gmlx.testing.micro import make_micro_model, write_random_model
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def random_target(family: str, out: Path, layers: int = 6, d: int = 64, seed: int = 0, scale: float = 3.0) -> Path:
@@ -33,14 +30,7 @@ def random_target(family: str, out: Path, layers: int = 6, d: int = 64, seed: in
            "num_hidden_layers": layers, "intermediate_size": 3 * d, "num_attention_heads": 4,
            "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6, "vocab_size": vocab,
            "max_position_embeddings": 4096, "rope_theta": 1000000.0, "tie_word_embeddings": True, "eos_token_id": 0}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    for name in TOKENIZER_FILES:
-        shutil.copy(src / name, out / name)
-    mx.random.seed(seed)
-    model = qwen3.Model(qwen3.ModelArgs.from_dict(cfg))
-    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    return _scaled(out, scale)
+    return _scaled(write_random_model(out, cfg, qwen3, seed), scale)
 
 
 def _scaled(out: Path, scale: float) -> Path:

@@ -17,6 +17,24 @@ from gmlx.config import Switches
 from gmlx.engine.intake import tokenize
 from gmlx.serve import Background, create_app
 
+@contextmanager
+def stand_in(handler: type):
+    """A stand-in HTTP server (the standard library's, `handler` a BaseHTTPRequestHandler) on a free
+    loopback port, on a thread; yields its base URL."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        t.join(5)
+
+
 TIMEOUT = 30.0  # per HTTP call: generous on a shared 2-core machine, never unbounded
 
 

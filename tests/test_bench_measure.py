@@ -17,28 +17,18 @@ import re
 import threading
 import time
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pandas as pd
 import pytest
-from serve_helpers import serving
-from test_bench_cli import only, run
+from serve_helpers import serving, stand_in
+from test_bench_cli import isolated, only, run  # noqa: F401 - isolated: the same autouse fixture
 
 from gmlx.engine.metrics import Event, EventKind
 from gmlx.policy.admission import Mode, Round
 from gmlx_cli import bench, plots
-from gmlx_cli import generate as gen_mod
 from gmlx_cli.http_backend import counters_delta, parse_spec_counters
 from gmlx_cli.workload import Backend, aggregate_tokens_per_s, drive
-
-
-@pytest.fixture(autouse=True)
-def isolated(lm, monkeypatch, tmp_path):
-    """The session's model instead of a load; a user config that lives and dies with the test."""
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: lm)
-    monkeypatch.setenv("GMLX_CONFIG", str(tmp_path / "config.toml"))
-    for name in ("GMLX_MTP_PREEMPT", "GMLX_MTP_RESUME", "GMLX_MTP_WIDTH_CAP"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -219,15 +209,8 @@ class Scripts(BaseHTTPRequestHandler):
 @contextmanager
 def scripted_server():
     handler = type("Handler", (Scripts,), {"counters": {"drafts": 0, "draft_tokens": 0, "accepted": 0}})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        t.join(5)
+    with stand_in(handler) as url:
+        yield url
 
 
 def test_url_cell_with_eos_first_cancelled_and_rejected(tmp_path, plotted):

@@ -10,12 +10,11 @@ import asyncio
 import functools
 import json
 import socket
-import threading
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
 
 import pytest
-from serve_helpers import serving
+from serve_helpers import serving, stand_in
 from test_bench_cli import only, run
 
 from gmlx.engine.intake import tokenize
@@ -118,15 +117,8 @@ class Fake(BaseHTTPRequestHandler):
 @contextmanager
 def fake_server(mode: str):
     handler = type("Handler", (Fake,), {"mode": mode})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        t.join(5)
+    with stand_in(handler) as url:
+        yield url
 
 
 def test_text_only_chunks_count_tokens_from_usage():
@@ -171,15 +163,8 @@ def test_not_an_openai_server_is_one_line(tmp_path):
     (tmp_path / "index.html").write_text("hi")  # a static file server: 404 on /v1/models
     quiet = type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
     handler = functools.partial(quiet, directory=str(tmp_path))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    try:
-        one_error_line(run("bench", "--url", f"http://127.0.0.1:{httpd.server_address[1]}", *SMALL),
-                       "GET /v1/models answered HTTP 404")
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with stand_in(handler) as url:
+        one_error_line(run("bench", "--url", url, *SMALL), "GET /v1/models answered HTTP 404")
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -32,6 +32,7 @@ from gmlx.kv import RaggedKVCache, lift_caches
 from gmlx.models.adapter import Target
 from gmlx.decode.probe import reconfirmed, round_costs
 from gmlx.policy.adaptive import AcceptanceEstimate
+from gmlx.policy.figures import Acceptance
 from gmlx.policy.costs import Costs
 from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
@@ -46,7 +47,7 @@ class ScalarSeq:
     draft: object | None  # the drafter's state for this one row
     rs: RowSampling
     max_k: int = 0  # the most drafts per round for this request (0: plain)
-    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # or control.Acceptance
+    acceptance: Acceptance = field(default_factory=AcceptanceEstimate)  # the control gives it a decaying one
     choice: object | None = None  # the control's choice for the next round (gmlx.policy.control.Choice)
 
     @property

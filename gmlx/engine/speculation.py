@@ -16,7 +16,7 @@ from gmlx.policy.costs import Costs
 
 # Rounds whose wall time is a steady-state round of their kind (a capture round, or a plain round
 # that consumes its lookahead without dispatching the next, is not).
-_TIMED = {Round.SPECULATIVE: True, Round.PLAIN: True, Round.SCALAR: True}
+_TIMED = frozenset({Round.SPECULATIVE, Round.PLAIN, Round.SCALAR})
 
 
 class Speculation:
@@ -72,13 +72,13 @@ class Speculation:
         else:
             k = max((r.drafted for r in results), default=0) if kind is Round.SPECULATIVE else 0
         if self.control is None:  # a plain engine's rounds still teach the others on this target
-            if self.drafter is None and _TIMED.get(kind, False):
+            if self.drafter is None and kind in _TIMED:
                 self._pending = (width, 0, t0)
             return
         if k > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
             return  # round): neither its time nor its acceptance says what the model's drafter buys
         self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results])
-        if _TIMED.get(kind, False):
+        if kind in _TIMED:
             self._pending = (width, k, t0)
 
     def round_starts(self, t: float, width: int, steady: bool) -> None:

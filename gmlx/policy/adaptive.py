@@ -15,23 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gmlx.policy.costs import Costs
+from gmlx.policy.figures import Acceptance
 
 
-@dataclass(slots=True)
-class AcceptanceEstimate:
-    successes: float = 1.8  # prior: alpha = 0.6 worth three rounds
-    failures: float = 1.2
-    rounds: int = 0  # rounds that drafted
+@dataclass
+class AcceptanceEstimate(Acceptance):
+    """One request's acceptance (the prior: alpha = 0.6 worth three rounds), every round alike."""
 
-    @property
-    def alpha(self) -> float:
-        return self.successes / (self.successes + self.failures)
-
-    def record(self, drafted: int, accepted: int) -> None:
-        if drafted:
-            self.successes += accepted
-            self.failures += accepted < drafted
-            self.rounds += 1
+    decay: float = 1.0
 
     def best_k(self, max_k: int, costs: Costs) -> int:
         """The k in [0, max_k] with the best ideal speedup at the acceptance seen so far."""

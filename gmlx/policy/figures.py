@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 WINDOW = 16  # rounds per (width, k) in the running median
 MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's figure
-PRIOR_ALPHA, PRIOR_WEIGHT = 0.6, 3.0  # acceptance before any round, worth three rounds
+PRIOR_WEIGHT = 3.0  # rounds the prior acceptance (alpha 0.6, below) is worth
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
 
 
@@ -25,9 +25,10 @@ class Acceptance:
     """Per-position acceptance as a decayed geometric MLE: a round that drafted k and accepted a
     adds a successes and one failure when a < k (alpha = s / (s + f))."""
 
-    successes: float = PRIOR_ALPHA * PRIOR_WEIGHT
-    failures: float = (1 - PRIOR_ALPHA) * PRIOR_WEIGHT
+    successes: float = 1.8  # the prior: alpha 0.6 worth PRIOR_WEIGHT = 3 rounds
+    failures: float = 1.2
     rounds: int = 0
+    decay: float = DECAY  # per round (1.0: every round counts alike)
 
     @property
     def alpha(self) -> float:
@@ -35,8 +36,8 @@ class Acceptance:
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted:
-            self.successes = self.successes * DECAY + accepted
-            self.failures = self.failures * DECAY + (accepted < drafted)
+            self.successes = self.successes * self.decay + accepted
+            self.failures = self.failures * self.decay + (accepted < drafted)
             self.rounds += 1
 
 

@@ -30,11 +30,17 @@ def make_micro_model(out: Path, *, layers: int = 2, d: int = 64, heads: int = 2,
         cfg.pop(key, None)
     cfg.update(hidden_size=d, num_hidden_layers=layers, intermediate_size=4 * d, num_attention_heads=heads,
                num_key_value_heads=kv_heads, max_position_embeddings=4096)
+    return write_random_model(out, cfg, llama, seed)
+
+
+def write_random_model(out: Path, cfg: dict, family, seed: int = 0) -> Path:
+    """An mlx-lm directory at `out`: `cfg` as config.json, the embedded model's tokenizer, and the
+    random weights of `family.Model` (an mlx-lm model module) drawn with `seed`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     for name in _TOKENIZER_FILES:
-        shutil.copy(src / name, out / name)
+        shutil.copy(default_model_path() / name, out / name)
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(cfg))
+    model = family.Model(family.ModelArgs.from_dict(cfg))
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     return out
