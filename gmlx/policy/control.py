@@ -31,7 +31,6 @@ a token: it only decides how many drafts a round checks (docs/design.md §3).
 
 from __future__ import annotations
 
-import statistics
 import weakref
 
 from gmlx.policy.costs import Costs, emitted
@@ -63,15 +62,24 @@ class WidthControl:
 
     def times(self, k: int, costs: Costs) -> tuple[float | None, float | None, bool]:
         """(plain seconds, k's seconds, both measured): medians where measured, else derived
-        from a measured one through the cost model's ratios; (None, None) before any round."""
+        through the cost model's ratio from the nearest measured kind — another speculative k
+        before plain rounds, since a round period holds host work (emission, planning) that a
+        forward-only ratio does not: K=3 scaled from a measured K=2 errs far less than from plain
+        rounds double-buffered on the device. (None, None) before any round."""
         med = {j: self._median(j) for j in self._known()}
         med = {j: v for j, v in med.items() if v is not None}
         if not med:
             return None, None, False
-        unit = med[0] if 0 in med else statistics.median(v / costs.round_cost(j) for j, v in med.items())
-        t0 = med.get(0, unit)
-        tk = med.get(k, unit * costs.round_cost(k))
+        t0 = med[0] if 0 in med else self._derived(0, med, costs)
+        tk = med[k] if k in med else self._derived(k, med, costs)
         return t0, tk, 0 in med and k in med
+
+    @staticmethod
+    def _derived(k: int, med: dict[int, float], costs: Costs) -> float:
+        """k's period from the nearest measured kind of the same sort (speculative for k >= 1)."""
+        same = [j for j in med if (j > 0) == (k > 0)] or list(med)
+        j = min(same, key=lambda j: (abs(j - k), j))
+        return med[j] * costs.round_cost(k) / costs.round_cost(j)
 
     def _known(self) -> set[int]:
         return set(self.plain.by_k) | set(self.spec.by_k)
@@ -91,7 +99,7 @@ class WidthControl:
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None) -> Choice:
         """The k to run now (0: plain): the best predicted, kept by hysteresis; speculation tried
         first at a width with nothing measured unless the cost model predicts a clear loss; an
-        unmeasured neighbour of the best tried when predicted close (the cost model's ratios come
+        unmeasured k tried when predicted close to the best (the cost model's ratios come
         from one probe); speculation tried again after a run of plain rounds; the plain window."""
         alpha = (acceptance or self.acceptance).alpha
         gains = {k: self.gain(k, costs, alpha)[0] for k in range(0, max_k + 1)}
@@ -122,12 +130,13 @@ class WidthControl:
         return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt)
 
     def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
-        """k +- 1 while it has fewer than MIN_SAMPLES rounds measured and is predicted within
-        TRY_WITHIN of the best: a few rounds measure it instead of trusting the ratio."""
-        for k in (best + 1, best - 1):
-            if 1 <= k <= max_k and len(self.spec.by_k.get(k, ())) < MIN_SAMPLES and gains[k] >= TRY_WITHIN * gains[best]:
-                return k
-        return best
+        """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted
+        within TRY_WITHIN of the best: a few rounds measure it instead of trusting the cost
+        model's ratio (one probe at width 1; a deep draft position agrees less than the geometric
+        model says), so every plausible k up to the ceiling is soon a measurement."""
+        untried = [k for k in range(1, max_k + 1) if k != best and len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
+                   and gains[k] >= TRY_WITHIN * gains[best]]
+        return min(untried, key=lambda k: (abs(k - best), -k)) if untried else best
 
     def add_time(self, k: int, seconds: float) -> None:
         """A steady round's period at this width with k drafts (0: plain)."""
