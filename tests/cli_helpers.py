@@ -31,12 +31,14 @@ def use_model(monkeypatch, load_model: Callable | None) -> None:
     monkeypatch.setitem(_LOADER, "load_model", load_model)
 
 
-def run(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Outcome:
-    """Invoke `gmlx ARGS` through main(), so the error boundary is under test too."""
+def run(*args: str, input: str | None = None, env: dict[str, str] | None = None,
+        load_model: Callable | None = None) -> Outcome:
+    """Invoke `gmlx ARGS` through main(), so the error boundary is under test too. The commands load
+    their model with `load_model`, else with what `use_model` set for this test, else from disk."""
     runner = CliRunner()
     with runner.isolation(input=input, env=env) as (out, err, _):
         try:
-            app_mod.main(list(args), load_model=_LOADER.get("load_model"))
+            app_mod.main(list(args), load_model=load_model or _LOADER.get("load_model"))
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1

@@ -7,6 +7,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+from cli_helpers import run
+
+from gmlx.errors import GmlxError
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "gmlx_cli"
 MAX_LINES = 300
@@ -90,3 +95,18 @@ def test_gmlx_cli_files_stay_short():
     long = {str(p.relative_to(ROOT)): n for p in modules().values()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+@pytest.mark.parametrize("args", [("generate", "x"), ("doctor",), ("bench", "--no-warmup"), ("sweep-cap", "--no-warmup"),
+                                  ("serve", "--port", "0")])
+def test_every_command_loads_its_model_through_mains_seam(args, tmp_path):
+    """main(load_model=...) is the one way a command gets its model (gmlx_cli/loader.py)."""
+    asked = []
+
+    def load_model(path):
+        asked.append(path)
+        raise GmlxError("the seam was asked")
+
+    r = run(*args, *(("--out", str(tmp_path)) if args[0] in ("bench", "sweep-cap") else ()), load_model=load_model)
+    assert r.code == 1 and "gmlx: error: the seam was asked" in r.stderr, r.stderr
+    assert asked == [None]
