@@ -1,6 +1,6 @@
 """Compare OpenAI-compatible servers on one model and one workload: `gmlx serve` against
 `mlx_lm.server`, each with and without a draft model, all driven over HTTP by the same client
-(`gmlx bench --url`'s driver, gmlx_cli/http_backend.py) with the same requests.
+(`gmlx bench --url`'s driver, gmlx_cli/bench/http_backend.py) with the same requests.
 
     python benchmarks/bench_servers.py --arrivals burst,poisson --concurrency 1,4 --requests 8 \
         --max-tokens 64 --repeats 3
@@ -47,11 +47,12 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 import httpx
 
 from gmlx.models.loading import default_model_path
-from gmlx_cli import results
-from gmlx_cli.bench_url import run_matrix_http, warm_up
-from gmlx_cli.http_backend import drive_http, probe
-from gmlx_cli.live import LiveView
-from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
+from gmlx_cli.bench import results
+from gmlx_cli.bench.url import run_matrix_http, warm_up
+from gmlx_cli.bench.http_backend import drive_http
+from gmlx_cli.bench.target import probe
+from gmlx_cli.bench.live import LiveView
+from gmlx_cli.bench.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -23,12 +23,15 @@ from typer.core import TyperCommand, TyperGroup
 from gmlx.errors import GmlxError
 from gmlx_cli import dist, ui
 
+if TYPE_CHECKING:
+    from gmlx_cli.loader import LoadModel
+
 # name -> (module, function), in the order `gmlx --help` lists them
 COMMANDS = {
     "generate": ("gmlx_cli.generate", "generate"),
     "doctor": ("gmlx_cli.doctor", "doctor"),
-    "bench": ("gmlx_cli.bench", "bench"),
-    "sweep-cap": ("gmlx_cli.sweep", "sweep_cap"),
+    "bench": ("gmlx_cli.bench.bench", "bench"),
+    "sweep-cap": ("gmlx_cli.bench.sweep", "sweep_cap"),
     "train-default": ("gmlx_cli.app", "train_default"),
     "convert": ("gmlx_cli.convert", "convert"),
     "serve": ("gmlx_cli.serve", "serve"),
@@ -130,26 +133,28 @@ def release_mlx_thread() -> None:
     mx.clear_streams()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, *, load_model: LoadModel | None = None) -> None:
     """Entry point: run the app; every failure becomes `gmlx: error: <one line>` on stderr.
 
     Exit codes: 0 ok, 1 GmlxError or internal error, 2 command-line usage error, 130 interrupted.
+    `load_model`: how the commands load their model (gmlx_cli/loader.py; default: from disk).
     """
     # Bare `gmlx` shows the help (exit 0) without going through click's NoArgsIsHelpError.
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     try:
-        code = _dispatch(args, _debug_requested(args))
+        code = _dispatch(args, _debug_requested(args), load_model)
         dist.finish(code)  # --distributed: the other ranks exit with rank 0's code
     finally:
         gc.collect()  # free a closed engine's arrays while MLX is alive
     raise SystemExit(code)
 
 
-def _dispatch(args: list[str], debug: bool) -> int:
+def _dispatch(args: list[str], debug: bool, load_model: LoadModel | None = None) -> int:
     """The error boundary: the only place exceptions become messages and exit codes."""
     try:
-        # standalone_mode=False: typer hands us its exceptions instead of printing rich panels.
-        rv = app(args=args, prog_name=ui.PROG, standalone_mode=False)
+        # standalone_mode=False: typer hands us its exceptions instead of printing rich panels;
+        # obj: the loader every command's context carries (gmlx_cli.loader.loader).
+        rv = app(args=args, prog_name=ui.PROG, standalone_mode=False, obj=load_model)
         return rv if isinstance(rv, int) else 0  # an int is an Exit code (--help, typer.Exit)
     except GmlxError as e:
         return _fail(str(e), debug)

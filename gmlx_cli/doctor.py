@@ -5,12 +5,14 @@ from __future__ import annotations
 import platform
 import sys
 
+import typer
+
 import gmlx
 from gmlx import blas
 from gmlx.config import EngineConfig, Switches
 from gmlx.errors import GmlxError
-from gmlx_cli import generate as _generate
 from gmlx_cli import ui
+from gmlx_cli.loader import loader
 from gmlx_cli.options import DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt
 
 
@@ -55,7 +57,7 @@ def _hybrid(lm) -> str:
     return f"; {line}" if line else ""
 
 
-def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: DrafterOpt = None,
+def doctor(ctx: typer.Context, model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: DrafterOpt = None,
            debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
     """Report platform, versions, the BLAS in use and the model's speculative defaults."""
     from gmlx.engine import Engine  # mlx-lm (seconds): imported here, not for --help
@@ -78,7 +80,7 @@ def doctor(model: ModelOpt = None, draft_model: DraftModelOpt = None, drafter: D
     )
     sys.stdout.flush()
     # Loaded after the environment is printed, so a broken model still leaves a useful report.
-    lm = _generate._load_model(model)
+    lm = loader(ctx)(model)
     config = EngineConfig(drafter=drafter, draft_model=str(draft_model) if draft_model else None).validated()
     engine = Engine(lm, config, switches=Switches())  # no thread, no request: only what it would run with
     cap, cap_source = _width_cap(engine)

@@ -9,11 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import typer
+
 from gmlx import blas
 from gmlx.config import EngineConfig, SamplingParams
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx.engine.stream import FinalRecord
 from gmlx_cli import dist, ui
+from gmlx_cli.loader import loader
 from gmlx_cli.options import (
     SAMPLING_DEFAULTS as D,
     ChatOpt,
@@ -56,16 +59,6 @@ class GenerationError(GmlxError):
     """The engine finished the request with an error (reported in its FinalRecord)."""
 
 
-def _load_model(path: Path | None) -> LoadedModel:
-    """The one place commands load a model; tests patch it to reuse a loaded model."""
-    from gmlx.models.loading import load
-
-    lm = load(path)
-    if (line := ui.slow_dtype_notice(lm)) is not None:
-        ui.notice(line)
-    return lm
-
-
 def read_prompt(prompt: str) -> str:
     """`-` means stdin. Checked here, before the (slow) model load."""
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -75,6 +68,7 @@ def read_prompt(prompt: str) -> str:
 
 
 def generate(
+    ctx: typer.Context,
     prompt: PromptArg,
     model: ModelOpt = None,
     max_tokens: MaxTokensOpt = D.max_tokens,
@@ -123,7 +117,7 @@ def generate(
     config = EngineConfig(speculative=speculative, num_draft_tokens=num_draft_tokens, drafter=drafter,
                           draft_model=str(draft_model) if draft_model else None).validated()
     cluster = dist.join(distributed)
-    lm = dist.load(cluster, model, _load_model)
+    lm = dist.load(cluster, model, loader(ctx))
     if params.prediction and drafter is None and draft_model is None:
         from gmlx.drafters.select import can_draft
 

@@ -210,7 +210,7 @@ DebugOpt = Annotated[
 ]
 
 # -- bench and sweep-cap -------------------------------------------------------------------------
-# Lists and ranges are taken as text and parsed in gmlx_cli.workload, so that a malformed value
+# Lists and ranges are taken as text and parsed in gmlx_cli.bench.workload, so that a malformed value
 # is one InvalidRequest line from the error boundary, like every other bad input.
 _WORKLOAD = "Workload"
 _RUN = "Run"

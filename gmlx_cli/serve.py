@@ -11,7 +11,7 @@ from gmlx import blas
 from gmlx.config import EngineConfig
 from gmlx.errors import GmlxError, InvalidRequest
 from gmlx_cli import dist, ui
-from gmlx_cli import generate as _gen
+from gmlx_cli.loader import loader
 from gmlx_cli.options import (DebugOpt, DistributedOpt, DrafterOpt, DraftModelOpt, ModelOpt, NumDraftOpt,
                               SpeculativeOpt, WidthCapOpt, check_no_speculative)
 
@@ -38,6 +38,7 @@ class MissingExtra(GmlxError):
 
 
 def serve(
+    ctx: typer.Context,
     model: ModelOpt = None,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8000,
@@ -76,7 +77,7 @@ def serve(
     sock = bind(host, port) if leader else None  # a taken port is an error before the (slow) model load
     engine = None
     try:
-        lm = dist.load(cluster, model, _gen._load_model)  # the other ranks follow rank 0 in here until it ends
+        lm = dist.load(cluster, model, loader(ctx))  # the other ranks follow rank 0 in here until it ends
         logging.getLogger("transformers").setLevel(logging.ERROR)  # the engine checks prompt lengths itself
         from gmlx.engine import Engine  # mlx-lm: imported when serving, not for --help
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
+from cli_helpers import run, use_model
 
 from gmlx.policy import caps
 from gmlx.config import SamplingParams
@@ -24,11 +23,10 @@ from gmlx.errors import InvalidRequest
 from gmlx.engine.metrics import Event, EventKind
 from gmlx.policy.admission import Mode, Round, Transition
 from gmlx.models.loading import default_model_path
-from gmlx_cli import app as app_mod
-from gmlx_cli import generate as gen_mod
-from gmlx_cli import results, sweep
-from gmlx_cli.live import LiveView
-from gmlx_cli.workload import Arrival, Backend, build_requests, drive, load_prompt_specs, parse_token_range
+from gmlx_cli.bench import recommend, results, sweep
+from gmlx_cli.bench.live import LiveView
+from gmlx_cli.bench.driver import Backend, drive
+from gmlx_cli.bench.workload import Arrival, build_requests, load_prompt_specs, parse_token_range
 
 if not os.environ.get("GMLX_TEST_MODEL") and not (default_model_path() / "config.json").is_file():
     pytest.skip("the embedded default model is not exported yet", allow_module_level=True)
@@ -36,28 +34,10 @@ if not os.environ.get("GMLX_TEST_MODEL") and not (default_model_path() / "config
 SMALL = ("--requests", "3", "--max-tokens", "8", "--seed", "1", "--no-warmup")
 
 
-@dataclass
-class Outcome:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def run(*args: str) -> Outcome:
-    runner = CliRunner()
-    with runner.isolation() as (out, err, _):
-        try:
-            app_mod.main(list(args))
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        return Outcome(code, out.getvalue().decode(), err.getvalue().decode())
-
-
 @pytest.fixture(autouse=True)
 def isolated(lm, monkeypatch, tmp_path):
     """The session's model instead of a load; a user config that lives and dies with the test."""
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: lm)
+    use_model(monkeypatch, lambda path: lm)
     monkeypatch.setenv("GMLX_CONFIG", str(tmp_path / "config.toml"))
     for name in ("GMLX_MTP_PREEMPT", "GMLX_MTP_RESUME", "GMLX_MTP_WIDTH_CAP"):
         monkeypatch.delenv(name, raising=False)
@@ -284,11 +264,11 @@ def test_sweep_cap_ctrl_c_writes_partial_and_no_cap(tmp_path, monkeypatch):
 
 def test_recommend_rule():
     rows = lambda *s: [{"width": w, "speedup": x} for w, x in zip((1, 2, 4, 8), s)]  # noqa: E731
-    assert sweep.recommend(rows(1.3, 1.2, 1.04, 1.5), 1.05) == 2  # stops at the first loss, even if 8 wins
-    assert sweep.recommend(rows(1.3, 1.2, 1.1, 1.06), 1.05) == 8
-    assert sweep.recommend(rows(0.9, 1.5), 1.05) == 2  # width 1 is the scalar loop: the cap does not gate it
-    assert sweep.recommend(rows(1.3, 1.0), 1.05) == "off"
-    assert sweep.recommend(rows(1.2, float("nan")), 1.05) == "off"
+    assert recommend.recommend(rows(1.3, 1.2, 1.04, 1.5), 1.05) == 2  # stops at the first loss, even if 8 wins
+    assert recommend.recommend(rows(1.3, 1.2, 1.1, 1.06), 1.05) == 8
+    assert recommend.recommend(rows(0.9, 1.5), 1.05) == 2  # width 1 is the scalar loop: the cap does not gate it
+    assert recommend.recommend(rows(1.3, 1.0), 1.05) == "off"
+    assert recommend.recommend(rows(1.2, float("nan")), 1.05) == "off"
 
 
 # -- workload and live view, without the model -------------------------------------------------

@@ -26,9 +26,9 @@ from test_bench_cli import isolated, only, run  # noqa: F401 - isolated: the sam
 
 from gmlx.engine.metrics import Event, EventKind
 from gmlx.policy.admission import Mode, Round
-from gmlx_cli import bench, plots
-from gmlx_cli.http_backend import counters_delta, parse_spec_counters
-from gmlx_cli.workload import Backend, aggregate_tokens_per_s, drive
+from gmlx_cli.bench import arms, plots
+from gmlx_cli.bench.target import counters_delta, parse_spec_counters
+from gmlx_cli.bench.driver import Backend, aggregate_tokens_per_s, drive
 
 
 @pytest.fixture
@@ -107,8 +107,8 @@ class FakeClock:
 
 def test_in_process_cell_with_eos_first_and_cancelled_agrees_in_all_five(tmp_path, monkeypatch, plotted):
     clock = FakeClock()
-    monkeypatch.setattr(bench, "make_backend", lambda *a, **k: (Scripted(clock), "-"))
-    monkeypatch.setattr(bench, "drive", functools.partial(drive, clock=clock, sleep=lambda s: None))
+    monkeypatch.setattr(arms, "make_backend", lambda *a, **k: (Scripted(clock), "-"))
+    monkeypatch.setattr(arms, "drive", functools.partial(drive, clock=clock, sleep=lambda s: None))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p, "max_tokens": m})
                                  for p, m in (("def a():\n", 4), ("def b():\n", 5), ("def c():\n", 6))) + "\n")

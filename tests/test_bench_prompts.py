@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_helpers import use_model
 from test_bench_cli import run
 
 from gmlx.config import SamplingParams
 from gmlx.data import load_prompts
 from gmlx.engine.intake import tokenize
 from gmlx.testing import run_scalar
-from gmlx_cli import generate as gen_mod
 
 
 def first_tokens(lm) -> list[int]:
@@ -39,7 +39,7 @@ def test_default_workload_run_has_no_request_without_tokens(lm, monkeypatch, tmp
     every request of every cell gets its first token."""
     if lm.name != "gmlx-default":
         pytest.skip(f"GMLX_TEST_MODEL is {lm.name}: the shipped prompts are chosen for the embedded model")
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: lm)
+    use_model(monkeypatch, lambda path: lm)
     monkeypatch.setenv("GMLX_CONFIG", str(tmp_path / "config.toml"))
     r = run("bench", "--concurrency", "4,8", "--requests", "16", "--max-tokens", "2", "--seed", "0", "--no-warmup",
             "--json", "--out", str(tmp_path))

@@ -18,8 +18,9 @@ from serve_helpers import serving, stand_in
 from test_bench_cli import only, run
 
 from gmlx.engine.intake import tokenize
-from gmlx_cli.http_backend import Target, drive_http, probe, spread
-from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs
+from gmlx_cli.bench.http_backend import drive_http, spread
+from gmlx_cli.bench.target import Target, probe
+from gmlx_cli.bench.workload import Arrival, build_requests, load_prompt_specs
 
 KEY = "sekret"
 SMALL = ("--requests", "3", "--max-tokens", "6", "--seed", "1", "--no-warmup")

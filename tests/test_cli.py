@@ -1,8 +1,7 @@
 """The command line through its real entry point (`gmlx_cli.app.main`, error boundary included).
 
-Typer 0.29 vendors click and its CliRunner always keeps stdout and stderr apart (there is no
-`mix_stderr` any more), so text and stats are asserted on their own streams. The model is loaded
-once per session (conftest's `lm`) and handed to the CLI by patching `generate._load_model`.
+The model is loaded once per session (conftest's `lm`) and handed to the CLI through main()'s
+`load_model` seam (tests/cli_helpers.py: `run`, `use_model`).
 """
 
 from __future__ import annotations
@@ -10,18 +9,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from gmlx import blas
 from gmlx.models.loading import default_model_path, load
 from gmlx.engine.stream import FinalRecord
-from gmlx_cli import app as app_mod
-from gmlx_cli import generate as gen_mod
+from cli_helpers import Outcome, run, use_model
 from numerics import compare_tokens
 
 PROMPT = "def fibonacci(n):\n"
@@ -34,25 +30,6 @@ JSON_KEYS = {
 
 if not os.environ.get("GMLX_TEST_MODEL") and not (default_model_path() / "config.json").is_file():
     pytest.skip("the embedded default model is not exported yet", allow_module_level=True)
-
-
-@dataclass
-class Outcome:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def run(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Outcome:
-    """Invoke `gmlx ARGS` through main(), so the error boundary is under test too."""
-    runner = CliRunner()
-    with runner.isolation(input=input, env=env) as (out, err, _):
-        try:
-            app_mod.main(list(args))
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        return Outcome(code, out.getvalue().decode(), err.getvalue().decode())
 
 
 def assert_one_line_error(r: Outcome, *needles: str, code: int = 1) -> None:
@@ -86,7 +63,7 @@ def headless_dir(lm, tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def cached_models(lm, monkeypatch):
     """Default model -> the session's loaded one; other paths load once (errors are not cached)."""
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: lm if path is None else _load_cached(str(path)))
+    use_model(monkeypatch, lambda path: lm if path is None else _load_cached(str(path)))
 
 
 @lru_cache(maxsize=4)
@@ -260,10 +237,8 @@ def test_doctor_on_headless_model(headless_dir):
 def test_chat_template_applies_by_default_where_the_model_has_one(smollm2, monkeypatch):
     """As mlx_lm.generate: a model with a chat template gets the prompt as a user message (so a
     chat model answers); --no-chat sends it as it is; --chat on a model without one is an error."""
-    from gmlx_cli import generate as gen
-
     lm = smollm2.load("float32")
-    monkeypatch.setattr(gen, "_load_model", lambda path: lm)
+    use_model(monkeypatch, lambda path: lm)
     r = run("generate", "What is the capital of France?", "--max-tokens", "12", "--seed", "0", "--json")
     assert r.code == 0, r.stderr
     obj = json.loads(r.stdout)

@@ -15,21 +15,20 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from cli_helpers import use_model
 from test_cli import assert_one_line_error, run
 
 from gmlx.engine.metrics import RequestStats
 from gmlx.engine.stream import Stream
 from gmlx_cli import app as app_mod
-from gmlx_cli import generate as gen_mod
 from gmlx_cli import ui
 
 PROMPT = "def fibonacci(n):\n"
-REAL_LOAD_MODEL = gen_mod._load_model  # before any test patches it
 
 
 @pytest.fixture(autouse=True)
 def session_model(lm, monkeypatch):
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: lm)
+    use_model(monkeypatch, lambda path: lm)
 
 
 def stats(stderr: str) -> dict[str, str]:
@@ -145,7 +144,7 @@ def test_ctrl_c_prints_the_partial_stats_and_exits_130(monkeypatch):
 @pytest.mark.parametrize("extra", [("--drafter", "ngram"), ("--draft-model", "some/dir"), ("--num-draft-tokens", "2")])
 @pytest.mark.parametrize("command", ["generate", "serve"])
 def test_no_speculative_with_a_drafting_option_is_a_usage_error(command, extra, monkeypatch):
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: pytest.fail("the model was loaded"))
+    use_model(monkeypatch, lambda path: pytest.fail("the model was loaded"))
     args = (PROMPT,) if command == "generate" else ("--port", "0")
     r = run(command, *args, "--no-speculative", *extra)
     assert_one_line_error(r, "--no-speculative", extra[0], "drop", code=2)
@@ -153,7 +152,7 @@ def test_no_speculative_with_a_drafting_option_is_a_usage_error(command, extra, 
 
 # -- 8. a model that is not there says what --model takes ----------------------------------------
 def test_a_hugging_face_id_says_how_to_get_a_local_copy(monkeypatch):
-    monkeypatch.setattr(gen_mod, "_load_model", REAL_LOAD_MODEL)
+    use_model(monkeypatch, None)
     r = run("generate", "x", "--model", "HuggingFaceTB/SmolLM2-135M-Instruct")
     assert_one_line_error(r, "never downloads", ".gguf", "smollm2", "mlx_lm.convert --hf-path"
                           " HuggingFaceTB/SmolLM2-135M-Instruct", "huggingface-cli download")
@@ -188,7 +187,7 @@ def test_float16_weights_on_the_cpu_get_a_notice(lm, tmp_path, monkeypatch):
     line = ui.slow_dtype_notice(half)
     assert line is not None and "float16" in line and "--dtype float32" in line
     assert f"gmlx convert {(tmp_path / 'tiny.gguf').resolve()}" in line
-    monkeypatch.setattr(gen_mod, "_load_model", REAL_LOAD_MODEL)  # every command loads through it
+    use_model(monkeypatch, None)  # from disk, as every command loads
     r = run("doctor", "--model", str(tmp_path / "tiny.gguf"))
     notices = [ln for ln in r.stderr.splitlines() if "decode slowly on the CPU" in ln]
     assert len(notices) == 1 and notices[0].startswith("gmlx: notice: "), r.stderr

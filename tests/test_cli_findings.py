@@ -20,16 +20,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from rich.console import Console
+from cli_helpers import use_model
 from test_bench_cli import only, run, scripted
 
 from gmlx.config import SamplingParams
 from gmlx.engine.metrics import EventKind
 from gmlx_cli import app as app_mod
-from gmlx_cli import generate as gen_mod
-from gmlx_cli import plots, results, sweep
-from gmlx_cli.bench import Arm, Run
-from gmlx_cli.live import LiveView, print_table, rich_table
-from gmlx_cli.workload import Outcome, Request
+from gmlx_cli.bench import plots, recommend, results, sweep
+from gmlx_cli.bench.summary import summary_notes, summary_tables
+from gmlx_cli.bench.arms import Arm, Run
+from gmlx_cli.bench.live import LiveView, print_table, rich_table
+from gmlx_cli.bench.driver import Outcome
+from gmlx_cli.bench.workload import Request
 
 TINY = ("--no-warmup", "--seed", "1")
 
@@ -40,7 +42,7 @@ def model(lm, monkeypatch, tmp_path):
     holder = {"lm": lm}
     from gmlx.models.loading import load
 
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: holder["lm"] if path is None else load(path))
+    use_model(monkeypatch, lambda path: holder["lm"] if path is None else load(path))
     monkeypatch.setenv("GMLX_CONFIG", str(tmp_path / "config.toml"))
     for name in ("GMLX_MTP_PREEMPT", "GMLX_MTP_RESUME", "GMLX_MTP_WIDTH_CAP"):
         monkeypatch.delenv(name, raising=False)
@@ -80,13 +82,13 @@ def test_sweep_off_names_the_width_that_lost(tmp_path, monkeypatch):
 def test_sweep_explanations():
     rows = lambda *s: [{"width": w, "speedup": x} for w, x in zip((1, 2, 4, 8), s)]  # noqa: E731
     summary = rows(1.3, 1.2, 1.04, 1.5)
-    cap = sweep.recommend(summary, 1.05)
-    why = sweep.explain(summary, 1.05, cap)
+    cap = recommend.recommend(summary, 1.05)
+    why = recommend.explain(summary, 1.05, cap)
     assert cap == 2 and "up to 2" in why and "width 4" in why and "1.04x" in why and "8 (1.50x) won" in why
-    assert [sweep.at_cap(w, cap) for w in (1, 2, 4, 8)] == ["scalar", "spec", "plain", "plain"]
-    assert "every measured width up to 8" in sweep.explain(rows(1.3, 1.2, 1.1, 1.06), 1.05, 8)
-    assert "no batch width >= 2" in sweep.explain(rows(1.3), 1.05, "off")
-    assert "unmeasured" in sweep.explain(rows(1.2, math.nan), 1.05, "off")
+    assert [recommend.at_cap(w, cap) for w in (1, 2, 4, 8)] == ["scalar", "spec", "plain", "plain"]
+    assert "every measured width up to 8" in recommend.explain(rows(1.3, 1.2, 1.1, 1.06), 1.05, 8)
+    assert "no batch width >= 2" in recommend.explain(rows(1.3), 1.05, "off")
+    assert "unmeasured" in recommend.explain(rows(1.2, math.nan), 1.05, "off")
 
 
 # -- b. defaults fit the context; an explicit value that cannot fit names its flag -------------
@@ -126,7 +128,7 @@ def test_max_tokens_advice_holds_for_every_prompt(short_context, tmp_path, monke
     assert r.code == 1 and "--max-tokens 20 does not fit" in err and "use --max-tokens 19 or less" in err
     r = run("bench", "--max-tokens", "10-22", "--requests", "3", "--prompts", str(short_context), *TINY)
     assert "use --max-tokens a range up to 19" in errors(r)[0]
-    from gmlx_cli import bench
+    from gmlx_cli.bench import bench
 
     monkeypatch.setattr(bench, "run_matrix", lambda *a, **k: None)  # only the checks are under test
     r = run("bench", "--max-tokens", "19", "--requests", "3", "--prompts", str(short_context), *TINY,
@@ -145,7 +147,7 @@ def test_sweep_max_tokens_that_cannot_fit_is_an_error_before_measuring(short_con
 @pytest.mark.parametrize("command", [("bench",), ("sweep-cap",)])
 @pytest.mark.parametrize("kind", ["existing file", "below a file"])
 def test_bad_out_is_reported_before_any_work(command, kind, tmp_path, monkeypatch):
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: pytest.fail("the model was loaded"))
+    use_model(monkeypatch, lambda path: pytest.fail("the model was loaded"))
     blocker = tmp_path / "results.txt"
     blocker.write_text("not a directory")
     out = blocker if kind == "existing file" else blocker / "sub"
@@ -186,13 +188,13 @@ def test_nothing_drafted_shows_a_dash_and_partial_cells_are_marked():
     assert math.isnan(by["gmlx", 16].draft_acceptance_rate) and math.isnan(by["gmlx", 16].mean_acceptance_length)
     assert by["gmlx", 1].draft_acceptance_rate == pytest.approx(4 / 9)
     assert [c.partial for c in cells.itertuples()] == [False, False, True]
-    (_, cols, rows), (_, scols, srows) = results.summary_tables(cells)
+    (_, cols, rows), (_, scols, srows) = summary_tables(cells)
     buf = io.StringIO()
     print_table("t", scols, srows, buf)
     over = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("gmlx ") and " 16 " in ln)
     assert over.split()[2:4] == ["-", "-"]
     assert [r[0] for r in rows] == ["gmlx", "gmlx", "gmlx-preempt1-resume0*"]
-    notes = results.summary_notes(cells, req)
+    notes = summary_notes(cells, req)
     assert any(n.startswith("* partial") for n in notes)
     assert any("request 1 ended at EOS before its first token (gmlx c=1)" in n for n in notes)
 
@@ -206,7 +208,7 @@ def test_summary_fits_80_columns_without_cutting_a_cell():
              "partial": True, "eos_first": 2, "num_rounds": 3, "speedup_vs_plain": 1.2345, "ideal_speedup": 1.5678,
              "achieved_over_ideal": 0.7874}
     cells = pd.DataFrame([worst, {**worst, "arm": "mlx-lm-stream", "partial": False}])
-    for title, cols, rows in results.summary_tables(cells):
+    for title, cols, rows in summary_tables(cells):
         buf = io.StringIO()
         Console(file=buf, width=80, highlight=False).print(rich_table(title, cols, rows))
         text = buf.getvalue()

@@ -11,7 +11,7 @@ import pytest
 
 from gmlx.config import SamplingParams
 from gmlx.testing import run_scalar
-from gmlx_cli import generate as gen_mod
+from cli_helpers import use_model
 from numerics import compare_tokens
 from test_cli import PROMPT, assert_one_line_error, run
 
@@ -23,7 +23,7 @@ ARGS = ["--max-tokens", "16", "--temp", "0", "--seed", "0", "--repetition-penalt
 
 @pytest.fixture(autouse=True)
 def _model(lm, monkeypatch):
-    monkeypatch.setattr(gen_mod, "_load_model", lambda path: lm)
+    use_model(monkeypatch, lambda path: lm)
 
 
 def test_generate_options_equal_plain_decoding(lm):

@@ -175,9 +175,8 @@ def test_two_ranks_emit_what_one_process_emits(runs, loaded_lm):
     assert data0["stats"]["exchanges"] >= sum(sum(t.values()) for t in ref["transitions"])
 
 
-def test_cli_generate_under_mlx_launch_prints_rank_0s_result(runs, loaded_lm, monkeypatch, capsys):
+def test_cli_generate_under_mlx_launch_prints_rank_0s_result(runs, loaded_lm, capsys):
     from gmlx.testing import compare_streams
-    from gmlx_cli import generate
     from gmlx_cli.app import main
 
     p = runs["launcher"]
@@ -190,9 +189,9 @@ def test_cli_generate_under_mlx_launch_prints_rank_0s_result(runs, loaded_lm, mo
     lines = [ln for ln in out.splitlines() if ln.strip()]
     assert len(lines) == 1, out  # rank 0 prints; the other rank prints nothing
     dist = json.loads(lines[0])
-    monkeypatch.setattr(generate, "_load_model", lambda path: loaded_lm)
     with pytest.raises(SystemExit) as ex:
-        main(["generate", PROMPT, "--max-tokens", "16", "--seed", "3", "--temp", "0.8", "--json"])
+        main(["generate", PROMPT, "--max-tokens", "16", "--seed", "3", "--temp", "0.8", "--json"],
+             load_model=lambda path: loaded_lm)
     assert ex.value.code == 0
     alone = json.loads(capsys.readouterr().out)
     assert dist["prompt_tokens"] == alone["prompt_tokens"] and dist["seed"] == alone["seed"] == 3

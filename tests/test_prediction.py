@@ -290,8 +290,8 @@ def test_bench_workload_carries_predictions(tmp_path):
     previous answers): each request carries it, to the engine and over HTTP."""
     import json
 
-    from gmlx_cli.http_backend import _body
-    from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs
+    from gmlx_cli.bench.http_backend import _body
+    from gmlx_cli.bench.workload import Arrival, build_requests, load_prompt_specs
 
     f = tmp_path / "reask.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in [{"prompt": "def f(x):", "prediction": "    return x\n"},

@@ -93,11 +93,10 @@ def test_a_signal_ends_live_streams_cleanly_and_exits_0(sig):
 
 def test_cli_errors_are_one_line_before_the_model_load(monkeypatch):
     """A taken port, a bad option value: one `gmlx: error:` line, exit 1, and no model loaded."""
+    from cli_helpers import use_model
     from test_cli import assert_one_line_error, run
 
-    from gmlx_cli import generate
-
-    monkeypatch.setattr(generate, "_load_model", lambda path: pytest.fail("loaded the model"))
+    use_model(monkeypatch, lambda path: pytest.fail("loaded the model"))
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen(1)

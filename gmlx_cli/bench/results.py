@@ -1,7 +1,7 @@
-"""Results of `gmlx bench` and `gmlx sweep-cap`: tables, files and plots.
+"""Results of `gmlx bench` and `gmlx sweep-cap`: the per-request and per-cell tables, and the files.
 
-The only module that imports pandas (and matplotlib): the engine and the other commands stay
-light. Every file records where it was measured (machine, BLAS, versions, git commit, config,
+pandas is imported by this module and those that build on it (summary.py, sweep_results.py,
+plots.py), and only when a command needs them: the engine and the other commands stay light. Every file records where it was measured (machine, BLAS, versions, git commit, config,
 env switches): docs/design.md §8 asks that no figure travels without them. CSV cells that hold lists
 (token ids, ITL gaps) are JSON arrays, so `json.loads` reads them back.
 """
@@ -18,7 +18,7 @@ import pandas as pd
 
 from gmlx.errors import ConfigError
 from gmlx.machine import describe
-from gmlx_cli.workload import aggregate_tokens_per_s
+from gmlx_cli.bench.driver import aggregate_tokens_per_s
 
 TRANSITIONS = ("preempt", "gate", "resume", "capture")
 ENV_SWITCHES = ("GMLX_MTP_PREEMPT", "GMLX_MTP_RESUME", "GMLX_MTP_WIDTH_CAP", "GMLX_OPENBLAS", "GMLX_CONFIG")
@@ -61,7 +61,6 @@ def _q(values, q: float) -> float:
     return float(s.quantile(q)) if len(s) else math.nan
 
 
-# -- bench -------------------------------------------------------------------------------------
 def _served(runs) -> bool:
     """Every run went to a server (bench --url): the engine-only columns are left out."""
     runs = list(runs)
@@ -101,7 +100,7 @@ def requests_frame(runs) -> pd.DataFrame:
 
 def run_aggregates(runs, requests: pd.DataFrame) -> list[dict]:
     """Per run: its tokens, first submit, last end and aggregate tok/s (the figure its live line
-    showed), from the request rows through `gmlx_cli.workload.aggregate_tokens_per_s`."""
+    showed), from the request rows through `gmlx_cli.bench.driver.aggregate_tokens_per_s`."""
     out = []
     for r in runs:
         rr = requests[(requests.arm == r.arm.name) & (requests.concurrency == r.concurrency)
@@ -187,78 +186,6 @@ def _last_decision(runs) -> str:
     return ""
 
 
-PARTIAL_MARK = "*"
-SUMMARY_TITLES = ("summary per cell: latency (ms) and throughput (tok/s)", "summary per cell: speculation",
-                  "summary per cell: achieved against ideal")
-
-
-def summary_tables(cells: pd.DataFrame) -> list[tuple[str, list[str], list[list]]]:
-    """The printed per-cell summary as narrow tables (each fits 80 columns with the longest arm
-    name): times in ms; acceptance (vLLM's draft_acceptance_rate and mean_acceptance_length, named
-    so in the files) is `-` wherever nothing was drafted. A partial cell's arm carries a `*`; a
-    `rej` column appears where a server refused requests (HTTP 429). A server's cells (bench --url)
-    have no transitions, and no speculation table when it exposes no acceptance counters."""
-    def arm(c) -> str:
-        return c.arm + (PARTIAL_MARK if c.partial else "")
-
-    rejected = "rejected" in cells.columns and bool(cells.rejected.any())
-    timing = (["arm", "conc", "TTFT\np50", "TTFT\np95", "ITL\np50", "ITL\np95", "req\ntok/s", "agg\ntok/s"]
-              + (["rej"] if rejected else []),
-              [[arm(c), c.concurrency, c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3, c.itl_p50_s * 1e3, c.itl_p95_s * 1e3,
-                c.tokens_per_s_p50, c.aggregate_tokens_per_s] + ([c.rejected] if rejected else [])
-               for c in cells.itertuples()])
-    tables = [(SUMMARY_TITLES[0], *timing)]
-    engine = all(t in cells.columns for t in TRANSITIONS)
-    if engine or cells.draft_acceptance_rate.notna().any():
-        shown = TRANSITIONS if engine else ()
-        tables.append((SUMMARY_TITLES[1], ["arm", "conc", "accept\nrate", "mean\nacc len", *shown],
-                       [[arm(c), c.concurrency, c.draft_acceptance_rate, c.mean_acceptance_length,
-                         *(getattr(c, t) for t in shown)] for c in cells.itertuples()]))
-    if "ideal_speedup" in cells.columns:
-        vs = [[arm(c), c.concurrency, c.speedup_vs_plain, c.ideal_speedup, c.achieved_over_ideal]
-              for c in cells.itertuples() if c.ideal_speedup == c.ideal_speedup]  # NaN: nothing to compare
-        if vs:
-            tables.append((SUMMARY_TITLES[2], ["arm", "conc", "speedup\nvs plain", "ideal\nspeedup",
-                                               "achieved\n/ideal"], vs))
-    return tables
-
-
-def _ids_by_cells(cells: pd.DataFrame, requests: pd.DataFrame, mask) -> dict[tuple, list[str]]:
-    """request ids -> the cells where exactly those match `mask` (a boolean Series over requests)."""
-    out: dict[tuple, list[str]] = {}
-    for c in cells.itertuples():
-        mine = requests[(requests.arm == c.arm) & (requests.concurrency == c.concurrency) & mask]
-        if len(mine):
-            out.setdefault(tuple(sorted(set(mine.request_id))), []).append(f"{c.arm} c={c.concurrency}")
-    return out
-
-
-def summary_notes(cells: pd.DataFrame, requests: pd.DataFrame) -> list[str]:
-    """Lines under the summary: the legend, partial cells, requests that ended at EOS first, and
-    requests a server refused."""
-    served = "speculative" not in cells.columns
-    notes = ["req tok/s: median per request after its first token",
-             "agg tok/s: tokens / (last end - first submit), every request counted however it ended"]
-    if not served:
-        notes.append("accept rate, mean acc len: `-` where nothing was drafted")
-    elif cells.draft_acceptance_rate.notna().any():
-        notes.append("accept rate, mean acc len: the server's /metrics counters across each cell (exact while"
-                     " nothing else uses it)")
-    else:
-        notes.append("acceptance: unknown (the server's /metrics has no spec_decode counters)")
-    if cells.partial.any():
-        notes.append(f"{PARTIAL_MARK} partial: interrupted before every request and repeat of the cell finished")
-    for ids, where in _ids_by_cells(cells, requests, requests.eos_first).items():
-        n, scope = len(ids), "every cell" if len(where) == len(cells) else ", ".join(where)
-        notes.append(f"request{'s' if n > 1 else ''} {', '.join(map(str, ids))} ended at EOS before"
-                     f" {'their' if n > 1 else 'its'} first token ({scope}): no TTFT or tok/s, left out of those")
-    for ids, where in _ids_by_cells(cells, requests, requests.finish_reason == "rejected").items():
-        n, scope = len(ids), "every cell" if len(where) == len(cells) else ", ".join(where)
-        notes.append(f"request{'s' if n > 1 else ''} {', '.join(map(str, ids))} rejected by the server (HTTP 429)"
-                     f" ({scope}): no tokens; in the span, not in TTFT or tok/s")
-    return notes
-
-
 def transitions_by_arm(runs) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in runs:
@@ -305,55 +232,3 @@ def write_tables(out: Path, prefix: str, payload: dict, tables: dict[str, pd.Dat
     except OSError as e:
         raise ConfigError(f"cannot write the results to {str(out)!r}: {e}") from None
     return paths
-
-
-# -- sweep-cap ---------------------------------------------------------------------------------
-def sweep_frame(measurements: list[dict]) -> pd.DataFrame:
-    cols = {"width": "int64", "arm": "object", "k": "Int64", "repeat": "int64", "tokens_per_s": "float64",
-            "tokens": "int64", "seconds": "float64", "draft_acceptance_rate": "float64", "rounds": "float64",
-            "tokens_per_round": "float64", "drafts_per_round": "float64"}
-    return pd.DataFrame(measurements, columns=list(cols)).astype(cols)
-
-
-def sweep_summary(df: pd.DataFrame, widths: list[int], ks: list[int]) -> list[dict]:
-    """Per width: plain's median tok/s and, per K, spec's median and the median of the paired
-    spec/plain ratios (same width and repeat: side by side, docs/design.md §8)."""
-    out = []
-    for w in widths:
-        plain = df[(df.width == w) & (df.arm == "plain")].set_index("repeat").tokens_per_s
-        if plain.empty:
-            continue
-        row = {"width": w, "plain_tokens_per_s": float(plain.median()), "spec": {}}
-        for k in ks:
-            spec = df[(df.width == w) & (df.arm == "spec") & (df.k == k)].set_index("repeat")
-            if spec.empty:
-                continue
-            ratio = (spec.tokens_per_s / plain).dropna()
-            row["spec"][k] = {"tokens_per_s": float(spec.tokens_per_s.median()),
-                              "speedup": float(ratio.median()) if len(ratio) else math.nan,
-                              "draft_acceptance_rate": float(spec.draft_acceptance_rate.median())}
-            if spec.rounds.sum() > 0:  # rows' speculative rounds, for the ideal speedup (gmlx_cli/ideal.py)
-                row["spec"][k].update(rounds=int(spec.rounds.sum()),
-                                      tokens_per_round=float(spec.tokens_per_round.median()),
-                                      drafts_per_round=float(spec.drafts_per_round.median()))
-        if row["spec"]:
-            row["best_k"] = max(row["spec"], key=lambda k: row["spec"][k]["speedup"])
-            row["speedup"] = row["spec"][row["best_k"]]["speedup"]
-            out.append(row)
-    return out
-
-
-def sweep_table(summary: list[dict], ks: list[int], margin: float,
-                at_cap: list[str] | None = None) -> tuple[list[str], list[list]]:
-    """Per width: tok/s and speedup per K, whether the best K beat plain by the margin ("wins"),
-    and what the recommended cap runs there ("at cap": spec, plain, or scalar at width 1)."""
-    cols = (["width", "plain\ntok/s"] + [c for k in ks for c in (f"K={k}\ntok/s", f"K={k}\nspeedup")]
-            + ["best\nK", "wins", "ideal\nspeedup", "achieved\n/ideal"])
-    rows = [[r["width"], r["plain_tokens_per_s"]]
-            + [v for k in ks for v in (r["spec"].get(k, {}).get("tokens_per_s"), r["spec"].get(k, {}).get("speedup"))]
-            + [r["best_k"], "yes" if r["speedup"] >= margin else "no", r.get("ideal"), r.get("achieved_over_ideal")]
-            for r in summary]
-    if at_cap is not None:
-        cols.append("at cap")
-        rows = [row + [a] for row, a in zip(rows, at_cap)]
-    return cols, rows

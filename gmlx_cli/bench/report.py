@@ -12,8 +12,9 @@ import typer
 
 from gmlx.config import EngineConfig
 from gmlx.errors import GmlxError
-from gmlx_cli import ideal, ui
-from gmlx_cli.live import print_table
+from gmlx_cli import ui
+from gmlx_cli.bench import ideal
+from gmlx_cli.bench.live import print_table
 
 
 class VerificationFailed(GmlxError):
@@ -24,7 +25,7 @@ def report(lm, runs: list, arms: list, config: EngineConfig, out: Path, human, j
            interrupted: bool, verdict: tuple | None, *, options: dict, seed: int, seed_drawn: bool, repeats: int,
            meta_config: dict) -> None:
     """The summary tables on screen, then the files; exit 130 when interrupted, 1 on a mismatch."""
-    from gmlx_cli import results  # pandas: only when a command needs it
+    from gmlx_cli.bench import results, summary  # pandas: only when a command needs it
 
     req_df = results.requests_frame(runs)
     cell_df = results.cells_frame(runs, req_df, repeats)
@@ -38,9 +39,9 @@ def report(lm, runs: list, arms: list, config: EngineConfig, out: Path, human, j
     if verdict is not None:
         payload["verify"] = {"checked": verdict[0], "near_ties": verdict[1], "mismatches": verdict[2]}
     # The summary first: should writing the files fail, what was measured is still on screen.
-    tables = results.summary_tables(cell_df)
+    tables = summary.summary_tables(cell_df)
     for i, table in enumerate(tables):
-        print_table(*table, human, notes=results.summary_notes(cell_df, req_df) if i == len(tables) - 1 else ())
+        print_table(*table, human, notes=summary.summary_notes(cell_df, req_df) if i == len(tables) - 1 else ())
     write_files(out, payload, req_df, cell_df, human, json_output, interrupted)
     if verdict is not None:
         for line in verdict[2]:
@@ -55,7 +56,7 @@ def report(lm, runs: list, arms: list, config: EngineConfig, out: Path, human, j
 def write_files(out: Path, payload: dict, req_df, cell_df, human, json_output: bool, interrupted: bool) -> dict:
     """bench-<stamp>.json / -requests.csv / -cells.csv / .png in `out`, their paths said; with
     --json the payload on stdout; exit 130 when interrupted (the partial results are kept)."""
-    from gmlx_cli import plots, results
+    from gmlx_cli.bench import plots, results
 
     paths = results.write_tables(out, "bench", payload, {"requests": req_df, "cells": cell_df})
     if len(cell_df):

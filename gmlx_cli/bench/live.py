@@ -84,10 +84,10 @@ class LiveView:
 
     def end(self, outcomes: Sequence | None = None) -> None:
         """The run is over. With its outcomes, the line says the run's tokens and aggregate tok/s as
-        the summary and the files compute them (gmlx_cli.workload.run_aggregate: every request's
+        the summary and the files compute them (gmlx_cli.bench.driver.run_aggregate: every request's
         end counts); without, the running figures from the events."""
         if outcomes is not None:
-            from gmlx_cli.workload import run_aggregate
+            from gmlx_cli.bench.driver import run_aggregate
 
             self.final = run_aggregate(outcomes)
         tokens, tps = self.final or (self.tokens, self.aggregate_tps())

@@ -1,19 +1,15 @@
-"""`gmlx bench`: simulated concurrent streams through the engine, per arm and concurrency.
-
-Arms: the engine as configured, or the PREEMPT/RESUME A/B (switches passed to a fresh Engine per
-run: never the process environment, so arms cannot leak into each other), plus baselines: the
-same engine without speculation, mlx-lm's BatchGenerator and stream_generate. Arms alternate
-(ABBA) within every cell so that drift on a shared machine hits them alike (docs/design.md §8).
+"""`gmlx bench`: simulated concurrent streams through the engine, per arm and concurrency
+(gmlx_cli/bench/arms.py), or through a running server (`--url`: gmlx_cli/bench/url.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
+import typer
 
 from gmlx import blas
 from gmlx.config import EngineConfig, Switches
@@ -22,44 +18,23 @@ from gmlx.errors import InvalidRequest
 from gmlx.drafters.select import can_draft
 from gmlx.engine.intake import make_row, tokenize
 from gmlx_cli import dist, ui
-from gmlx_cli import generate as _gen
-from gmlx_cli.bench_report import VerificationFailed, report  # noqa: F401 - VerificationFailed: re-exported
-from gmlx_cli.baselines import MlxBatchBackend, MlxStreamBackend
-from gmlx_cli.fit import fit_requests
-from gmlx_cli.live import LiveView
+from gmlx_cli.bench import url as _url
+from gmlx_cli.bench.arms import Run, make_backend, plan_arms, run_matrix
+from gmlx_cli.bench.driver import drive
+from gmlx_cli.bench.fit import fit_requests
+from gmlx_cli.bench.live import LiveView
+from gmlx_cli.bench.outdir import DEFAULT_OUT, check_out_dir
+from gmlx_cli.bench.report import report
+from gmlx_cli.bench.workload import Arrival, build_requests, load_prompt_specs, parse_int_list, parse_token_range
+from gmlx_cli.loader import loader
 from gmlx_cli.options import (AbOpt, ArrivalOpt, BaselineOpt, BenchApiKeyOpt, ConcurrencyOpt, DebugOpt, DistributedOpt,
                               DrafterOpt, DraftModelOpt, IgnoreEosOpt, JoinAfterOpt, LabelOpt, LongTokensOpt,
                               MaxTokensRangeOpt, ModelOpt, NumDraftOpt, OutDirOpt, PromptsFileOpt, RateOpt, RepeatsOpt,
                               RequestsOpt, ResultsJsonOpt, SeedOpt, ServedModelOpt, StaggerOpt, TempOpt, UrlOpt,
                               VerifyOpt, WarmupOpt, WidthCapOpt)
-from gmlx_cli.outdir import DEFAULT_OUT, check_out_dir
-from gmlx_cli.workload import (Arrival, Backend, EngineBackend, build_requests, drive, load_prompt_specs,
-                               parse_int_list, parse_token_range)
 
 AB_VALUES = ("preempt", "resume", "both")
 BASELINES = ("plain", "mlx-lm")
-
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    backend: str = "gmlx"  # gmlx | mlx-lm-batch | mlx-lm-stream | http (bench --url)
-    speculative: bool = True
-    preempt: bool = True
-    resume: bool = True
-
-
-@dataclass
-class Run:
-    arm: Arm
-    concurrency: int
-    repeat: int
-    cap: str = "-"
-    outcomes: list = field(default_factory=list)
-    transitions: dict = field(default_factory=dict)
-    complete: bool = False  # False: interrupted (or still running); its cell is marked partial
-    server_spec: dict | None = None  # bench --url: what the run added to the server's spec_decode counters
 
 
 def parse_choices(values: list[str], allowed: tuple[str, ...], option: str) -> list[str]:
@@ -68,57 +43,6 @@ def parse_choices(values: list[str], allowed: tuple[str, ...], option: str) -> l
     if bad:
         raise InvalidRequest(f"{option} must be one of {', '.join(allowed)}; got {bad[0]!r}")
     return list(dict.fromkeys(out))
-
-
-def plan_arms(ab: str | None, baselines: list[str], env: Switches, has_drafter: bool) -> list[Arm]:
-    base = Arm("gmlx", speculative=has_drafter, preempt=env.preempt, resume=env.resume)
-    if ab == "preempt":
-        arms = [replace(base, name=f"gmlx-preempt{int(p)}", preempt=p) for p in (True, False)]
-    elif ab == "resume":
-        arms = [replace(base, name=f"gmlx-resume{int(r)}", resume=r) for r in (True, False)]
-    elif ab == "both":
-        arms = [replace(base, name=f"gmlx-preempt{int(p)}-resume{int(r)}", preempt=p, resume=r)
-                for p, r in itertools.product((True, False), repeat=2)]
-    else:
-        arms = [base]
-    if "plain" in baselines:
-        arms.append(replace(base, name="gmlx-plain", speculative=False))
-    if "mlx-lm" in baselines:
-        arms += [Arm("mlx-lm-batch", "mlx-lm-batch", False), Arm("mlx-lm-stream", "mlx-lm-stream", False)]
-    return arms
-
-
-def make_backend(lm, arm: Arm, config: EngineConfig, concurrency: int, ignore_eos: bool,
-                 new_engine=Engine) -> tuple[Backend, str]:
-    """A fresh backend for one run, and the cap it runs under (for the view and the tables).
-    `new_engine`: Engine, or a cluster's (--distributed: the same engine on every rank)."""
-    if arm.backend == "mlx-lm-batch":
-        return MlxBatchBackend(lm, ignore_eos, concurrency), "-"
-    if arm.backend == "mlx-lm-stream":
-        return MlxStreamBackend(lm, ignore_eos), "-"
-    engine = new_engine(lm, replace(config, speculative=arm.speculative),
-                        switches=Switches(preempt=arm.preempt, resume=arm.resume))
-    return EngineBackend(engine), engine.cap_decision().text if arm.speculative else "-"
-
-
-def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, runs, ignore_eos=False,
-               new_engine=Engine) -> list[Run]:
-    """Every (concurrency, repeat) runs every arm, in ABBA order. Each run is appended to `runs`
-    before it starts, so an interrupt leaves the caller the partial one too."""
-    for c in concurrencies:
-        for rep in range(repeats):
-            for arm in arms if rep % 2 == 0 else arms[::-1]:
-                backend, cap = make_backend(lm, arm, config, c, ignore_eos, new_engine)
-                run = Run(arm, c, rep, cap)
-                runs.append(run)
-                view.begin(f"{arm.name} c={c} rep {rep}", speculative=arm.speculative, cap=cap)
-                try:
-                    drive(backend, requests, ids, c, view.on_event, view.submitted, done=run.outcomes)
-                    run.complete = True
-                finally:
-                    run.transitions = backend.transitions()
-                view.end(run.outcomes)
-    return runs
 
 
 def verify_runs(lm, runs) -> tuple[int, int, list[str]]:
@@ -162,6 +86,7 @@ def check_run_options(ab: str | None, baseline: list[str] | None, repeats: int, 
 
 
 def bench(
+    ctx: typer.Context,
     concurrency: ConcurrencyOpt = "1,2,4,8",
     requests: RequestsOpt = 16,
     arrival: ArrivalOpt = "burst",
@@ -201,10 +126,8 @@ def bench(
     (burst). agg tok/s = a run's tokens / (last end - first submit), every request counted. Results
     go to ./runs unless --out says otherwise.
     """
-    options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()}  # recorded with the results
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items() if k != "ctx"}  # with the results
     # Every check that needs no model comes first: a typo must not cost a load.
-    from gmlx_cli import bench_url as _url
-
     _url.check_options(url, {"--model": model, "--ab": ab, "--baseline": baseline, "--verify": verify,
                              "--num-draft-tokens": num_draft_tokens, "--draft-model": draft_model, "--drafter": drafter,
                              "--speculative-width-cap": speculative_width_cap, "--api-key": api_key,
@@ -218,7 +141,7 @@ def bench(
     seed = secrets.randbits(31) if seed is None else seed
     specs = load_prompt_specs(prompts)
     reqs = build_requests(specs, requests, arr, budget, temp, seed, ignore_eos)
-    if url is not None:  # a running server: no model here (gmlx_cli/bench_url.py)
+    if url is not None:  # a running server: no model here (gmlx_cli/bench/url.py)
         return _url.bench_url(url, api_key, served_model, label, requests=reqs, concurrencies=concs, repeats=repeats,
                               warmup=warmup, ignore_eos=ignore_eos, out=out, json_output=json_output, options=options,
                               seed=seed, seed_drawn=seed_drawn)
@@ -227,7 +150,7 @@ def bench(
     env = Switches.from_env()
     blas.warn_if_reference()
     cluster = dist.join(distributed)
-    lm = dist.load(cluster, model, _gen._load_model)
+    lm = dist.load(cluster, model, loader(ctx))
     new_engine = cluster.engine if cluster else Engine
     # The whole workload against the context first: advice that holds for every prompt, not one.
     ids = {r.request_id: tokenize(lm, r.prompt) for r in reqs}

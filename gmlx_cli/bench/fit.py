@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gmlx.errors import InvalidRequest
-from gmlx_cli.workload import DEFAULT_LONG, Request
+from gmlx_cli.bench.workload import DEFAULT_LONG, Request
 
 
 def _snippet(text: str, n: int = 24) -> str:

@@ -1,6 +1,6 @@
 """`gmlx bench --url URL`: the bench workloads against a running OpenAI-compatible server (gmlx
 serve, mlx_lm.server, vLLM, ...), with the same live view, tables and files as the in-process
-bench; the driver and what it times are in gmlx_cli/http_backend.py. What only the in-process
+bench; the driver and what it times are in gmlx_cli/bench/http_backend.py, the probe and the counters in target.py. What only the in-process
 engine knows (mode, switches, transitions) is left out rather than guessed; acceptance is the
 server's own, from its /metrics counters around each run; HTTP 429 refusals are "rejected".
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 
 from gmlx.errors import GmlxError, InvalidRequest
-from gmlx_cli.bench import Arm, Run
-from gmlx_cli.live import LiveView, print_table
-from gmlx_cli.workload import Request
+from gmlx_cli.bench.arms import Arm, Run
+from gmlx_cli.bench.live import LiveView, print_table
+from gmlx_cli.bench.workload import Request
 
 
 class MissingClient(GmlxError):
@@ -28,13 +28,14 @@ class MissingClient(GmlxError):
 
 
 def _client():
-    """gmlx_cli.http_backend, or a one-line error: the openai client is not a core dependency."""
+    """The HTTP driver and the server probe (gmlx_cli/bench/http_backend.py, target.py), or a
+    one-line error: the openai client is not a core dependency."""
     try:
         import openai  # noqa: F401
-        from gmlx_cli import http_backend
+        from gmlx_cli.bench import http_backend, target
     except ImportError as e:
         raise MissingClient(f"gmlx bench --url needs the openai client ({e.name} is missing): pip install 'gmlx[client]'")
-    return http_backend
+    return http_backend, target
 
 # bench options that configure the in-process engine: meaningless against a server
 ENGINE_ONLY = ("--model", "--ab", "--baseline", "--verify", "--num-draft-tokens", "--draft-model", "--drafter",
@@ -74,7 +75,7 @@ def run_matrix_http(targets: dict, requests: list[Request], concurrencies: list[
     before it starts, so an interrupt leaves the caller the partial one too. Around each run the
     server's spec_decode counters are read from its /metrics (`run.server_spec`: their difference,
     None where it exposes none): the acceptance a client cannot see per request."""
-    http = _client()
+    http, server = _client()
     bound = {} if request_timeout_s is None else {"request_timeout_s": request_timeout_s}
     arms = [Arm(name, backend="http", speculative=False) for name in targets]
     for c in concurrencies:
@@ -84,10 +85,10 @@ def run_matrix_http(targets: dict, requests: list[Request], concurrencies: list[
                 run = Run(arm, c, rep)
                 runs.append(run)
                 view.begin(f"{arm.name} c={c} rep {rep}", engine=False)
-                before = http.spec_counters(target)
+                before = server.spec_counters(target)
                 asyncio.run(http.drive_http(target, requests, c, ignore_eos=ignore_eos, on_event=view.on_event,
                                             on_submit=view.submitted, done=run.outcomes, **bound))
-                run.server_spec = http.counters_delta(before, http.spec_counters(target) if before else None)
+                run.server_spec = server.counters_delta(before, server.spec_counters(target) if before else None)
                 run.complete = True
                 view.end(run.outcomes)
     return runs
@@ -95,14 +96,14 @@ def run_matrix_http(targets: dict, requests: list[Request], concurrencies: list[
 
 def warm_up(targets: dict, requests: list[Request], ignore_eos: bool) -> None:
     """Two short requests per server, not recorded (its first request may compile or load)."""
-    http = _client()
+    http, server = _client()
     short = [replace(r, params=replace(r.params, max_tokens=min(4, r.params.max_tokens)), arrival_s=0.0,
                      after_start=False) for r in requests[:2]]
     for target in targets.values():
         outs = asyncio.run(http.drive_http(target, short, 2, ignore_eos=ignore_eos))
         failed = [o for o in outs if o.finish_reason == "error"]
         if failed:
-            raise http.ServerError(f"{target.base_url} failed a warm-up request: {failed[0].error}")
+            raise server.ServerError(f"{target.base_url} failed a warm-up request: {failed[0].error}")
 
 
 def errors_of(runs: list[Run]) -> list[dict]:
@@ -126,11 +127,11 @@ def eos_notice(runs: list[Run]) -> str | None:
 def bench_url(url: str, api_key: str | None, served_model: str | None, label: str | None, *, requests: list[Request],
               concurrencies: list[int], repeats: int, warmup: bool, ignore_eos: bool, out: Path, json_output: bool,
               options: dict, seed: int, seed_drawn: bool) -> None:
-    from gmlx_cli import results  # pandas: only when a command needs it
-    from gmlx_cli.bench_report import write_files
+    from gmlx_cli.bench import results, summary  # pandas: only when a command needs it
+    from gmlx_cli.bench.report import write_files
 
-    http = _client()
-    target = http.probe(url, api_key, served_model)
+    http, server = _client()
+    target = server.probe(url, api_key, served_model)
     name = label or "server"
     targets = {name: target}
     human = sys.stderr if json_output else sys.stdout
@@ -161,8 +162,8 @@ def bench_url(url: str, api_key: str | None, served_model: str | None, label: st
                "runs": results.run_aggregates(runs, req_df), "errors": errors}
     # Over HTTP the engine's mode and transitions are not seen: those columns are absent, and
     # acceptance is the server's own (its /metrics), shown where it has the counters.
-    tables = results.summary_tables(cell_df)
-    notes = results.summary_notes(cell_df, req_df)
+    tables = summary.summary_tables(cell_df)
+    notes = summary.summary_notes(cell_df, req_df)
     if ignore_eos and (line := eos_notice(runs)):
         notes.append(line)
     for i, table in enumerate(tables):
@@ -170,5 +171,5 @@ def bench_url(url: str, api_key: str | None, served_model: str | None, label: st
     paths = write_files(out, payload, req_df, cell_df, human, json_output, interrupted)
     if errors:
         total = sum(len(r.outcomes) for r in runs)
-        raise http.ServerError(f"{len(errors)} of {total} requests failed (first: request {errors[0]['request_id']}:"
+        raise server.ServerError(f"{len(errors)} of {total} requests failed (first: request {errors[0]['request_id']}:"
                           f" {errors[0]['error']}); results written to {paths['json']}")

@@ -8,7 +8,7 @@ from collections import deque
 
 from gmlx.engine.metrics import Event, EventKind
 from gmlx.policy.admission import Mode, Round
-from gmlx_cli.workload import Backend
+from gmlx_cli.bench.driver import Backend
 
 
 class _MlxLmBackend(Backend):

@@ -25,14 +25,16 @@ from gmlx.engine import Engine
 from gmlx.errors import InvalidRequest
 from gmlx.engine.metrics import EventKind
 from gmlx.drafters.select import can_draft
-from gmlx_cli import generate as _gen
-from gmlx_cli import ideal, ui
-from gmlx_cli.fit import check_prompts, fit_requests, max_tokens_error
-from gmlx_cli.live import LiveView, print_table
+from gmlx_cli import ui
+from gmlx_cli.bench import ideal
+from gmlx_cli.bench.fit import check_prompts, fit_requests, max_tokens_error
+from gmlx_cli.bench.live import LiveView, print_table
 from gmlx_cli.options import (DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt, OutDirOpt, PromptsFileOpt, RepeatsOpt,
                               ResultsJsonOpt, WarmupOpt)
-from gmlx_cli.outdir import DEFAULT_OUT, check_out_dir
-from gmlx_cli.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
+from gmlx_cli.bench.outdir import DEFAULT_OUT, check_out_dir
+from gmlx_cli.bench.recommend import at_cap, explain, lone_request_k, recommend
+from gmlx_cli.bench.workload import Arrival, build_requests, load_prompt_specs, parse_int_list
+from gmlx_cli.loader import loader
 
 DEFAULT_WIDTHS = "1,2,3,4,6,8,12,16"
 
@@ -82,62 +84,6 @@ def _decode(engine: Engine, width: int, steady: list, total: list) -> None:
         first = False
 
 
-def recommend(summary: list[dict], margin: float) -> int | str:
-    """The largest W with speedup >= margin at every measured batch width <= W; "off" when the
-    smallest batch width already loses (distinct from 0, which means uncapped). Width 1 does not
-    bound the cap (one request runs the scalar lane, which the cap never gates); it calibrates the
-    lone request's own K instead (`lone_request_k`)."""
-    cap: int | str = caps.OFF
-    for row in sorted(summary, key=lambda r: r["width"]):
-        if row["width"] < 2:
-            continue
-        if not row["speedup"] >= margin:  # NaN loses too
-            break
-        cap = row["width"]
-    return cap
-
-
-def _x(speedup: float) -> str:
-    return f"{speedup:.2f}x" if speedup == speedup else "an unmeasured speedup"  # NaN: no paired ratio
-
-
-def explain(summary: list[dict], margin: float, cap: int | str) -> str:
-    """Why `recommend` chose `cap`, in the terms of the table: the first batch width that lost (its
-    speedup against the margin), and any wider one that won but lies beyond that loss."""
-    batch = sorted((r for r in summary if r["width"] >= 2), key=lambda r: r["width"])
-    if not batch:
-        return ("no batch width >= 2 was measured (width 1 runs the scalar loop, which the cap does not gate);"
-                " add wider batches to --widths")
-    lost = next((r for r in batch if not r["speedup"] >= margin), None)
-    if lost is None:
-        return f"speculation beat plain by the {margin:g}x margin at every measured width up to {cap}"
-    why = f"at width {lost['width']} speculation ran at {_x(lost['speedup'])} plain, below the {margin:g}x margin"
-    if cap != caps.OFF:
-        why = f"speculation won at every width up to {cap}; {why}"
-    later = [r for r in batch if r["width"] > lost["width"] and r["speedup"] >= margin]
-    if later:
-        won = ", ".join(f"{r['width']} ({_x(r['speedup'])})" for r in later)
-        why += (f"; width{'s' if len(later) > 1 else ''} {won} won, but a cap speculates at every width up to it,"
-                f" so none can be kept without width {lost['width']}")
-    return why
-
-
-def lone_request_k(summary: list[dict], margin: float) -> dict[int, int]:
-    """Width 1 is a lone request's own calibration: its best K where speculation won there by the
-    margin, else 0 (the engine then decodes lone requests plain on this machine)."""
-    one = next((r for r in summary if r["width"] == 1), None)
-    if one is None:
-        return {}
-    return {1: one["best_k"] if one["speedup"] >= margin else 0}
-
-
-def at_cap(width: int, cap: int | str, k_by_width: dict[int, int] | None = None) -> str:
-    """What runs at this width under `cap` and the per-width K (the table's "at cap" column)."""
-    if width < 2:  # one request: the scalar lane, speculating unless width 1 was calibrated plain
-        return "plain" if (k_by_width or {}).get(1) == 0 else "scalar"
-    return "spec" if cap != caps.OFF and width <= cap else "plain"
-
-
 def measure_all(lm, ids, ws: list[int], arms: list, config, max_tokens: int, seed: int, repeats: int, warmup: bool,
                 rows: list[dict], human) -> bool:
     """Every (repeat, width, arm), the arms' order alternating; appends to `rows` as it goes (an
@@ -162,14 +108,14 @@ def recommend_and_store(summary: list[dict], ks: list[int], margin: float, cap, 
                         mkey: str, machine: str) -> None:
     """The table, the recommended cap and K per width (width 1: the lone request's K, or 0 =
     plain), written to the user config with --write."""
-    from gmlx_cli import results
+    from gmlx_cli.bench import sweep_results
 
     payload["recommendation"] = explain(summary, margin, cap)
     k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and 2 <= r["width"] <= cap}
     k_by_width.update(lone_request_k(summary, margin))
     payload["num_draft_tokens_by_width"] = k_by_width
     print_table("speculative vs plain, aggregate tokens/s (steady state, medians)",
-                *results.sweep_table(summary, ks, margin, [at_cap(r["width"], cap, k_by_width) for r in summary]),
+                *sweep_results.sweep_table(summary, ks, margin, [at_cap(r["width"], cap, k_by_width) for r in summary]),
                 human)
     print(f"recommended speculative_width_cap: {cap} ({payload['recommendation']})", file=human, flush=True)
     if 1 in k_by_width:
@@ -182,6 +128,7 @@ def recommend_and_store(summary: list[dict], ks: list[int], margin: float, cap, 
 
 
 def sweep_cap(
+    ctx: typer.Context,
     model: ModelOpt = None,
     draft_model: DraftModelOpt = None,
     drafter: DrafterOpt = None,
@@ -204,8 +151,8 @@ def sweep_cap(
     debug: DebugOpt = False,  # noqa: ARG001 - read by the error boundary
 ) -> None:
     """Measure speculative vs plain throughput per batch width and recommend speculative_width_cap."""
-    options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()}
-    from gmlx_cli import plots, results  # pandas, matplotlib: only when a command needs them
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items() if k != "ctx"}
+    from gmlx_cli.bench import plots, results, sweep_results  # pandas, matplotlib: only when a command needs them
 
     ws = sorted(parse_int_list(widths, "--widths"))
     ks_given = parse_int_list(num_draft_tokens, "--num-draft-tokens") if num_draft_tokens is not None else None
@@ -218,7 +165,7 @@ def sweep_cap(
         raise InvalidRequest(f"--margin must be > 0, got {margin}")
     specs = load_prompt_specs(prompts)
     blas.warn_if_reference()
-    lm = _gen._load_model(model)
+    lm = loader(ctx)(model)
     if not draft_model and not can_draft(lm, drafter):
         raise InvalidRequest(f"{lm.name} has no MTP or assistant head: there is no speculation to calibrate"
                              " (--draft-model PATH drafts with a small model; --drafter ngram needs none)")
@@ -238,8 +185,8 @@ def sweep_cap(
 
     rows: list[dict] = []
     interrupted = measure_all(lm, ids, ws, arms, config, max_tokens, seed, repeats, warmup, rows, human)
-    df = results.sweep_frame(rows)
-    summary = results.sweep_summary(df, ws, ks)
+    df = sweep_results.sweep_frame(rows)
+    summary = sweep_results.sweep_summary(df, ws, ks)
     cap = recommend(summary, margin) if summary and not interrupted else None
     if cap is not None:
         ideal.annotate(summary, lm, config)
@@ -272,8 +219,9 @@ def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats
               drafter: str | None = None, draft: str | None = None) -> bool:
     """PREEMPT/RESUME A/B on join-late at the new cap: TTFT and throughput per arm. Returns
     whether it was interrupted (its partial figures are kept)."""
-    from gmlx_cli import results
-    from gmlx_cli.bench import plan_arms, run_matrix
+    from gmlx_cli.bench import results
+    from gmlx_cli.bench.arms import plan_arms, run_matrix
+    from gmlx_cli.bench.summary import PARTIAL_MARK
 
     if cap == caps.OFF and not written:
         # EngineConfig.width_cap takes no "off"; the engine reads it only from the user config.
@@ -300,6 +248,6 @@ def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats
                            "transitions": results.transitions_by_arm(runs)}
     print_table(f"validate: join-late, {n} requests at cap {cap}",
                 ["arm", "TTFT p50 ms", "TTFT p95 ms", "agg tok/s", "preempt", "gate", "resume", "capture"],
-                [[c.arm + (results.PARTIAL_MARK if c.partial else ""), c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3,
+                [[c.arm + (PARTIAL_MARK if c.partial else ""), c.ttft_p50_s * 1e3, c.ttft_p95_s * 1e3,
                   c.aggregate_tokens_per_s, c.preempt, c.gate, c.resume, c.capture] for c in cells.itertuples()], human)
     return interrupted
