@@ -62,10 +62,12 @@ class Outcome:
 
     @property
     def tokens_per_s(self) -> float:
-        """Decode rate after the first token, as RequestStats: (n - 1) / (last - first)."""
+        """Decode rate after the first token, as RequestStats: (n - 1) / (last - first); NaN where
+        it is undefined (one token, or every chunk read at the same instant: a short request whose
+        SSE events the client read in one go), so medians skip it instead of counting 0."""
         n = sum(c for _, c in self.chunks)
         dt = self.chunks[-1][0] - self.chunks[0][0] if self.chunks else 0.0
-        return (n - 1) / dt if n > 1 and dt > 0 else 0.0
+        return (n - 1) / dt if n > 1 and dt > 0 else math.nan
 
 
 def aggregate_tokens_per_s(tokens: Iterable[int], submit_s: Iterable[float], end_s: Iterable[float]) -> float:

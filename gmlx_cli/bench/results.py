@@ -85,8 +85,7 @@ def requests_frame(runs) -> pd.DataFrame:
                 "max_tokens": o.request.params.max_tokens, "finish_reason": o.finish_reason,
                 "seed": o.request.params.seed, "temperature": float(o.request.params.temperature),
                 "submit_s": o.submit_s, "ttft_s": o.ttft_s, "e2e_s": end - o.submit_s, "end_s": end,
-                # A rate needs two tokens: an undefined one is NaN, so medians skip it instead of counting 0.
-                "tokens_per_s": o.tokens_per_s if n_out > 1 else math.nan,
+                "tokens_per_s": o.tokens_per_s,  # NaN where undefined (one token, or one instant)
                 "itl_s": o.itl_s, "itl_p50_s": _q(o.itl_s, 0.5),
                 "num_drafted": drafted, "num_accepted": s.get("num_accepted", 0), "num_rounds": s.get("num_rounds", 0),
                 # Nothing drafted (plain arm, over the cap, EOS first): no acceptance to report, not 0.
