@@ -49,6 +49,7 @@ import httpx
 
 from gmlx.engine.metrics import Event, EventKind
 from gmlx.errors import GmlxError
+from gmlx.finish import FinishReason
 from gmlx_cli.workload import Outcome, Request
 
 REQUEST_TIMEOUT_S = 600.0  # one request, end to end: a stalled server cannot hang a run
@@ -300,19 +301,19 @@ async def drive_http(target: Target, requests: list[Request], concurrency: int, 
         try:
             await asyncio.wait_for(_stream_one(client, target, req, out, clock, t0, ignore_eos, on_tokens),
                                    request_timeout_s)
-            out.finish_reason = out.finish_reason or "error"
-            if out.finish_reason == "error":
+            out.finish_reason = out.finish_reason or FinishReason.ERROR
+            if out.finish_reason == FinishReason.ERROR:
                 out.error = out.error or "the stream ended without a finish reason"
         except asyncio.CancelledError:
-            out.finish_reason = "cancelled"
+            out.finish_reason = FinishReason.CANCELLED
             raise
         except openai.APIStatusError as e:
             if e.status_code == 429:  # the server's queue is full: a measured refusal, not a failure
-                out.finish_reason, out.rejected = "rejected", _error_text(e)
+                out.finish_reason, out.rejected = FinishReason.REJECTED, _error_text(e)
             else:
-                out.finish_reason, out.error = "error", _error_text(e)
+                out.finish_reason, out.error = FinishReason.ERROR, _error_text(e)
         except (openai.OpenAIError, asyncio.TimeoutError, httpx.HTTPError) as e:
-            out.finish_reason, out.error = "error", _error_text(e)
+            out.finish_reason, out.error = FinishReason.ERROR, _error_text(e)
         finally:
             out.end_s = clock() - t0  # every request ends: answered, refused, failed or cut off
             started.set()  # waiters must not wait forever on a request that failed before its first token

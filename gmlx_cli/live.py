@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from gmlx.engine.metrics import Event, EventKind
+from gmlx.finish import FinishReason
 
 # ROUND event modes (the round kind) -> the loop state a user knows from docs/design.md §2.
 _ROUND_STATE = {"scalar": "scalar", "speculative": "batched", "capture": "batched", "plain": "gated",
@@ -195,9 +196,12 @@ class LiveView:
 _COLUMNS = ("id", "state", "tokens", "accept", "mean len", "tok/s", "TTFT")
 # A finished request without a token, by finish reason (the FINISH event's `reason`, where the
 # driver knows it: bench --url); the engine's own FINISH events carry none.
-_NO_TOKEN = {None: " (finished before its first token)", "stop": " (ended at EOS before its first token)",
-             "rejected": " (rejected by the server: HTTP 429)", "error": " (failed before its first token)",
-             "cancelled": " (cancelled before its first token)", "length": " (finished before its first token)"}
+_NO_TOKEN = {None: " (finished before its first token)",
+             FinishReason.STOP: " (ended at EOS before its first token)",
+             FinishReason.REJECTED: " (rejected by the server: HTTP 429)",
+             FinishReason.ERROR: " (failed before its first token)",
+             FinishReason.CANCELLED: " (cancelled before its first token)",
+             FinishReason.LENGTH: " (finished before its first token)"}
 
 
 def _fmt_rate(v: float) -> str:
