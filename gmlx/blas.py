@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import platform
 import sys
 import warnings
+
+from gmlx import switches
+from gmlx.errors import ConfigError
 
 _CANDIDATES = (
     "libopenblas.so.0",
@@ -33,7 +35,10 @@ _warned = False
 
 
 def _opted_out() -> bool:
-    return os.environ.get("GMLX_OPENBLAS", "1").strip().lower() in ("0", "false", "off", "no")
+    try:
+        return not switches.OPENBLAS.value()
+    except ConfigError:  # at `import gmlx`, before any boundary: load as by default; switches.check() says it
+        return False
 
 
 def ensure_loaded() -> str:

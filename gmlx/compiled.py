@@ -9,14 +9,15 @@ slower. GMLX_COMPILE=0 runs the same functions uncompiled (identical ops, for de
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import mlx.core as mx
 
+from gmlx import switches
+
 
 def enabled() -> bool:
-    return os.environ.get("GMLX_COMPILE", "1").strip().lower() not in ("0", "false", "off", "no")
+    return switches.COMPILE.value()
 
 
 def compiled(fn: Callable) -> Callable:

@@ -1,53 +1,21 @@
-"""Frozen configuration records and the environment switches, parsed once and validated.
+"""Frozen configuration records: sampling, the engine's settings and its A/B switches.
 
-Switches (docs/design.md §2): GMLX_MTP_PREEMPT, GMLX_MTP_RESUME take 1/0/true/false/on/off/yes/no;
-GMLX_MTP_WIDTH_CAP takes an integer >= 0 (0 = uncapped) and is re-read every round by the
-batch loop. Anything else is a ConfigError at engine start, never a silent default.
+The environment switches are declared and parsed in gmlx/switches.py (docs/design.md §2);
+`Switches` holds the engine's four, read from there.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import os
 import secrets
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from gmlx.errors import ConfigError, InvalidRequest
+from gmlx import switches
+from gmlx.errors import InvalidRequest
 
 MAX_LOGPROBS = 20  # the most top alternatives a request may ask for per token (OpenAI's top_logprobs limit)
-
-_TRUE = {"1", "true", "on", "yes"}
-_FALSE = {"0", "false", "off", "no"}
-
-
-def parse_bool_env(name: str, default: bool, environ: dict | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    v = raw.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise ConfigError(f"{name}={raw!r} is not a switch value; use one of 1/0, true/false, on/off, yes/no")
-
-
-def parse_cap_env(environ: dict | None = None) -> int | None:
-    """GMLX_MTP_WIDTH_CAP: None when unset, else an int >= 0 (0 = uncapped)."""
-    env = os.environ if environ is None else environ
-    raw = env.get("GMLX_MTP_WIDTH_CAP")
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        cap = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"GMLX_MTP_WIDTH_CAP={raw!r} is not an integer; use N >= 0 (0 = uncapped)") from None
-    if cap < 0:
-        raise ConfigError(f"GMLX_MTP_WIDTH_CAP={raw!r} must be >= 0 (0 = uncapped)")
-    return cap
 
 
 @dataclass(frozen=True)
@@ -197,18 +165,18 @@ class Switches:
     resume: bool = True
     # GMLX_CONTROL: the online control of K and of plain-vs-speculative per width
     # (gmlx/policy/control.py); off: the configured cap and K alone decide, as before it existed.
-    control: bool = field(default_factory=lambda: parse_bool_env("GMLX_CONTROL", True))
+    control: bool = field(default_factory=switches.CONTROL.value)
     # GMLX_TREE (opt-in, off by default): the lone request may verify a token tree instead of its
     # draft chain (gmlx/decode/tree.py), where it measures the tree faster than the chain.
-    tree: bool = field(default_factory=lambda: parse_bool_env("GMLX_TREE", False))
+    tree: bool = field(default_factory=switches.TREE.value)
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Switches":
         return cls(
-            preempt=parse_bool_env("GMLX_MTP_PREEMPT", True, environ),
-            resume=parse_bool_env("GMLX_MTP_RESUME", True, environ),
-            control=parse_bool_env("GMLX_CONTROL", True, environ),
-            tree=parse_bool_env("GMLX_TREE", False, environ),
+            preempt=switches.PREEMPT.value(environ),
+            resume=switches.RESUME.value(environ),
+            control=switches.CONTROL.value(environ),
+            tree=switches.TREE.value(environ),
         )
 
 

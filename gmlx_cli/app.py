@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from gmlx.errors import GmlxError
+from gmlx import switches
+from gmlx.errors import ConfigError, GmlxError
 from gmlx_cli import dist, ui
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Local speculative generation and benchmarking on MLX."""
+    switches.check()  # every GMLX_* switch, before any command runs: an invalid one is one line here
 
 
 def train_default(
@@ -116,7 +118,10 @@ def train_default(
 def _debug_requested(args: Sequence[str]) -> bool:
     # Read from argv, not from the parsed option: parsing itself may be what fails.
     opts = args[: list(args).index("--")] if "--" in args else args
-    env = os.environ.get("GMLX_DEBUG", "").strip().lower() in {"1", "true", "on", "yes"}
+    try:
+        env = switches.DEBUG.value()
+    except ConfigError:  # said as the command's error by _root's switches.check()
+        env = False
     return env or "--debug" in opts
 
 

@@ -14,6 +14,7 @@ import typer
 from gmlx import blas
 from gmlx.config import EngineConfig, SamplingParams
 from gmlx.errors import GmlxError, InvalidRequest
+from gmlx.finish import FinishReason
 from gmlx.engine.stream import FinalRecord
 from gmlx_cli import dist, ui
 from gmlx_cli.loader import loader
@@ -232,7 +233,7 @@ def render_stats(record: FinalRecord, lm: LoadedModel, k: int, *, verbose: bool,
     cannot be repeated (the caller passes seed_drawn=False for a greedy run, which no seed changes)."""
     s = record.stats
     ttft = s.get("ttft_s")
-    no_ttft = "- (ended at EOS before the first token)" if record.finish_reason == "stop" else "-"
+    no_ttft = "- (ended at EOS before the first token)" if record.finish_reason == FinishReason.STOP else "-"
     rows = [
         ("prompt", f"{s.get('prompt_tokens', len(record.prompt_tokens))} tokens"),
         ("TTFT", no_ttft if ttft is None else f"{ttft * 1000:.1f} ms"),

@@ -16,6 +16,7 @@ import numpy as np
 
 from gmlx import recurrent
 from gmlx.engine.row import Row
+from gmlx.finish import FinishReason
 from gmlx.kv import RaggedKVCache, extend_rows, extract_row, lift_caches, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.processors import Context, apply, token_logprobs, unpack
@@ -125,7 +126,8 @@ class Prefiller:
         return cache, pres
 
     def wants(self, row: Row) -> bool:
-        return self.prompt_cache is not None and not row.preempted and row.finish_reason not in ("error", "cancelled")
+        return (self.prompt_cache is not None and not row.preempted
+                and row.finish_reason not in (FinishReason.ERROR, FinishReason.CANCELLED))
 
     def retire(self, row: Row, caches: list) -> None:
         """Store the KV of the row's sequence (single-sequence caches; stale entries beyond are cut)."""

@@ -14,13 +14,13 @@ estimates: reproducible decisions, e.g. in tests).
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 
 import mlx.core as mx
 import numpy as np
 
+from gmlx import switches
 from gmlx.models.gated_delta import prior_verify
 from gmlx.config import SamplingParams
 from gmlx.decode.prefill import Prefilled, prefill
@@ -36,7 +36,7 @@ _measured: "weakref.WeakKeyDictionary[Target, dict]" = weakref.WeakKeyDictionary
 
 def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
     """The measured costs for this target and drafter kind (measured once per process)."""
-    if os.environ.get("GMLX_ROUND_COSTS", "").strip().lower() == "prior":
+    if switches.ROUND_COSTS.value() == "prior":
         return Costs(prior_verify(PRIOR.verify, target.model), drafter.step_cost,
                      "prior (GMLX_ROUND_COSTS=prior)")
     per_target = _measured.setdefault(target, {})

@@ -27,9 +27,11 @@ from gmlx.config import EngineConfig, Switches
 from gmlx.distributed import protocol
 from gmlx.distributed.channel import Channel, PeerLost, fatal
 from gmlx.distributed.liveness import Liveness
-from gmlx.distributed.watchdog import Watchdog, timeout_from_env
+from gmlx.distributed.watchdog import Watchdog
 from gmlx.errors import GmlxError, LaunchError, ReplicaDivergence
+from gmlx.finish import FinishReason
 from gmlx.models.loading import LoadedModel
+from gmlx.switches import DIST_TIMEOUT
 
 LAUNCH_HINT = ("launch every rank with mlx.launch, e.g. `mlx.launch --backend ring -n 2 --python $(which python)"
                " -- -m gmlx_cli.app generate PROMPT --distributed` (across machines: --hostfile hosts.json)")
@@ -37,7 +39,7 @@ LAUNCH_HINT = ("launch every rank with mlx.launch, e.g. `mlx.launch --backend ri
 
 def start(backend: str = "any") -> "Cluster":
     """Join the group this process was launched into (a one-line LaunchError when it runs alone)."""
-    timeout = timeout_from_env()  # a bad value is an error before any rank waits on another
+    timeout = DIST_TIMEOUT.value()  # a bad value is an error before any rank waits on another
     group = mx.distributed.init(strict=False, backend=backend)
     if group.size() < 2:
         raise LaunchError(f"--distributed needs 2 or more processes, but this one runs alone; {LAUNCH_HINT}")
@@ -143,7 +145,7 @@ class Cluster:
             elif kind == protocol.COSTS:
                 engine.follow_costs(msg)
             elif kind == protocol.CLOSE:
-                engine.end_live("cancelled", drop_caches=True)
+                engine.end_live(FinishReason.CANCELLED, drop_caches=True)
                 engine = None
             else:
                 self.watchdog.disarm()

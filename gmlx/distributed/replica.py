@@ -31,10 +31,11 @@ from gmlx.engine.row import Row
 from gmlx.engine.service import Service
 from gmlx.engine.stream import Stream
 from gmlx.errors import EngineBusy, EngineClosed, InvalidRequest, LaunchError, ReplicaDivergence
+from gmlx.finish import FinishReason
 from gmlx.policy import admission
 from gmlx.policy.admission import Mode, Plan, Round
 
-_FINISH = {None: 0, "length": 1, "stop": 2, "cancelled": 3, "error": 4}
+_FINISH = {None: 0, FinishReason.LENGTH: 1, FinishReason.STOP: 2, FinishReason.CANCELLED: 3, FinishReason.ERROR: 4}
 
 
 class ReplicaService(Service):

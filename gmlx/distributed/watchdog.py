@@ -13,31 +13,14 @@ large model over a slow link must fit in one step).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 from gmlx.distributed.channel import fatal
-from gmlx.errors import ConfigError
 
-DEFAULT_TIMEOUT_S = 300.0
 HEARTBEAT_S = 1.0
 IDLE_NAP_AFTER_S = 5.0
 IDLE_NAP_S = 0.9
-
-
-def timeout_from_env(environ: dict | None = None) -> float:
-    env = os.environ if environ is None else environ
-    raw = env.get("GMLX_DIST_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"GMLX_DIST_TIMEOUT={raw!r} must be a number of seconds > 0")
-    return value
 
 
 class Watchdog:

@@ -9,10 +9,9 @@ last valid cap stays, with one warning per bad value; at engine start the same v
 
 from __future__ import annotations
 
-import os
 import warnings
 
-from gmlx.config import parse_cap_env
+from gmlx import switches
 from gmlx.errors import ConfigError
 from gmlx.policy import caps
 
@@ -30,12 +29,12 @@ class CapWatch:
 
     def decide(self) -> caps.CapDecision:
         """The decision from the current settings (reads the env and the user config now)."""
-        return caps.resolve_cap(cli_cap=self.cli_cap, env_cap=parse_cap_env(), model_key=self.model_key,
+        return caps.resolve_cap(cli_cap=self.cli_cap, env_cap=switches.WIDTH_CAP.value(), model_key=self.model_key,
                                 **self.defaults)
 
     @staticmethod
     def _inputs() -> tuple:
-        return os.environ.get("GMLX_MTP_WIDTH_CAP"), caps.config_stamp()
+        return switches.WIDTH_CAP.raw(), caps.config_stamp()
 
     def refresh(self) -> caps.CapDecision:
         """This round's decision: the previous one unless the env or the config file changed."""

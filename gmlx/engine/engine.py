@@ -28,10 +28,12 @@ from gmlx.engine.row import Row, RowState, transition
 from gmlx.engine.service import Service
 from gmlx.engine.speculation import Speculation
 from gmlx.engine.stream import FinalRecord, Stream
+from gmlx.finish import FinishReason
 from gmlx.models.loading import LoadedModel, default_model_path, load
 from gmlx.policy import admission, caps
 from gmlx.policy.admission import Mode, Plan, Round, Transition
 from gmlx.prompt_cache import PromptCache
+from gmlx.switches import check as check_switches
 
 
 class Engine:
@@ -46,6 +48,7 @@ class Engine:
         """`draft_model`: a draft model (loaded or a local path) for the "draft" drafter kind;
         `drafter`: any implementation of the drafter protocol (gmlx.drafters.Drafter),
         used instead of the model's own."""
+        check_switches()  # every GMLX_* switch: an invalid value is an error here, at engine start
         self.config = (config or EngineConfig()).validated()
         self.switches = switches if switches is not None else Switches.from_env()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
@@ -301,11 +304,11 @@ class Engine:
         """Cancelled requests leave at this boundary, before the plan counts the width."""
         now = time.perf_counter()
         for r in self.service.pop_cancelled():
-            r.finish("cancelled", now)
+            r.finish(FinishReason.CANCELLED, now)
             self.service.finish(r)
         for r in self.live_rows():
             if self.service.cancelled(r):
-                r.finish("cancelled", now)
+                r.finish(FinishReason.CANCELLED, now)
         self._retire_finished()
 
     def _retire_finished(self) -> None:
@@ -328,7 +331,7 @@ class Engine:
         if self.mode is Mode.SCALAR or not self.batch.rows:
             self.mode = Mode.IDLE
 
-    def end_live(self, reason: str, error: str | None = None, drop_caches: bool = False) -> None:
+    def end_live(self, reason: FinishReason, error: str | None = None, drop_caches: bool = False) -> None:
         """End every row being served (close(): "cancelled"; the last-resort handler: "error")
         and drop both lanes' state."""
         now = time.perf_counter()

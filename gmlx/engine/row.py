@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from gmlx.config import SamplingParams
 from gmlx.engine.metrics import RequestStats
+from gmlx.finish import FinishReason
 
 if TYPE_CHECKING:
     from gmlx.decode.verify import RoundResult
@@ -67,7 +68,7 @@ class Row:
     detokenizer: object
     tokens: list[int] = field(default_factory=list)
     state: RowState = RowState.QUEUED
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     text: str = ""
     sent_chars: int = 0
     preempted: bool = False  # moved from the scalar loop: batch semantics to the end, no retirement
@@ -106,7 +107,7 @@ class Row:
         try:
             pieces = self.emit(res.tokens, now)
         except Exception as e:
-            self.finish("error", now)
+            self.finish(FinishReason.ERROR, now)
             self.error = f"{type(e).__name__}: {e}"
             return []
         return pieces if res.logprobs is None else self._with_logprobs(pieces, res.logprobs)
@@ -131,11 +132,11 @@ class Row:
             if self.is_done:
                 break
             if tok < 0:  # sampling.FAULT: this position's logits were unusable; the others' are not
-                self.finish_reason = "error"
+                self.finish_reason = FinishReason.ERROR
                 self.error = f"non-finite logits at position {self.next_position}"
                 break
             if tok in self.eos_ids:
-                self.finish_reason = "stop"
+                self.finish_reason = FinishReason.STOP
                 break
             self.tokens.append(tok)
             self.detokenizer.add_token(tok)
@@ -143,11 +144,11 @@ class Row:
             if self.stats.t_first_token is None:
                 self.stats.t_first_token = now
             if self._cut_at_stop_string():
-                self.finish_reason = "stop"
+                self.finish_reason = FinishReason.STOP
             elif (reason := self._stop_fn_reason()) is not None:
                 self.finish_reason = reason
             elif len(self.tokens) >= self.params.max_tokens:
-                self.finish_reason = "length"
+                self.finish_reason = FinishReason.LENGTH
             out.append(Piece(tok, self._release_text()))
         self.stats.num_generated = len(self.tokens)
         if self.is_done:
@@ -171,7 +172,7 @@ class Row:
         self.text = self.text[: min(hits)]
         return True
 
-    def _stop_fn_reason(self) -> str | None:
+    def _stop_fn_reason(self) -> FinishReason | None:
         """Ask the user's stop callback (on a copy of the tokens): "stop", or None to go on. A
         raising callback is this request's fault: "error" with the message; the token stays."""
         fn = self.params.stop_fn
@@ -181,8 +182,8 @@ class Row:
             stop = bool(fn(list(self.tokens), self.text))
         except Exception as e:
             self.error = f"stop_fn raised {type(e).__name__}: {e}"
-            return "error"
-        return "stop" if stop else None
+            return FinishReason.ERROR
+        return FinishReason.STOP if stop else None
 
     def _release_text(self) -> str:
         """Text safe to show now: all of it, except a tail that could still begin a stop string."""
@@ -195,7 +196,7 @@ class Row:
         return piece
 
     def _flush_text(self) -> str:
-        if not (self.finish_reason == "stop" and self.params.stop):
+        if not (self.finish_reason is FinishReason.STOP and self.params.stop):
             self.detokenizer.finalize()
             if self.detokenizer.text.startswith(self.text):
                 self.text = self.detokenizer.text
@@ -203,7 +204,7 @@ class Row:
         self.sent_chars = len(self.text)
         return piece
 
-    def finish(self, reason: str, now: float) -> None:
+    def finish(self, reason: FinishReason, now: float) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason
             self.stats.t_end = now

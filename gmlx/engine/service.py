@@ -21,6 +21,7 @@ import mlx.core as mx
 from gmlx.engine.row import Piece, Row, RowState, transition
 from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.errors import EngineBusy, EngineClosed, Overloaded
+from gmlx.finish import FinishReason
 
 _LIVE: "weakref.WeakSet[Service]" = weakref.WeakSet()
 
@@ -42,7 +43,7 @@ class Core(Protocol):
     def advance(self) -> None:
         """One round, run by the engine thread."""
 
-    def end_live(self, reason: str, error: str | None = None, drop_caches: bool = False) -> None:
+    def end_live(self, reason: FinishReason, error: str | None = None, drop_caches: bool = False) -> None:
         """End every row being served with this finish reason; reset the loops."""
 
 
@@ -94,13 +95,13 @@ class Service:
             self._lock.notify_all()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join()
-        self.core.end_live("cancelled", drop_caches=True)
+        self.core.end_live(FinishReason.CANCELLED, drop_caches=True)
         now = time.perf_counter()
         with self._lock:
             queued = list(self._queue)
             self._queue.clear()
         for row in queued:
-            row.finish("cancelled", now)
+            row.finish(FinishReason.CANCELLED, now)
             self.finish(row)
 
     # ---- engine side -------------------------------------------------------------------
@@ -211,8 +212,8 @@ class Service:
         """The last resort: end every row being served, and any popped this step but not yet in a
         loop, so no stream is left waiting; queued requests are served afterwards."""
         error = f"{type(exc).__name__}: {exc}"
-        self.core.end_live("error", error)
+        self.core.end_live(FinishReason.ERROR, error)
         now = time.perf_counter()
         for row in self._in_transit:
-            row.finish("error", now)
+            row.finish(FinishReason.ERROR, now)
             self.finish(row, error)

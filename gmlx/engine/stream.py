@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from gmlx.engine.row import Piece, Row
+from gmlx.finish import FinishReason
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class FinalRecord:
     prompt_tokens: list[int]
     tokens: list[int]
     text: str
-    finish_reason: str
+    finish_reason: FinishReason
     seed: int
     speculative: bool
     stats: dict = field(default_factory=dict)
@@ -28,7 +29,7 @@ class FinalRecord:
     @classmethod
     def of(cls, row: Row, speculative: bool, error: str | None = None) -> "FinalRecord":
         return cls(request_id=row.rid, prompt_tokens=list(row.prompt), tokens=list(row.tokens), text=row.text,
-                   finish_reason=row.finish_reason or "cancelled", seed=row.seed, speculative=speculative,
+                   finish_reason=row.finish_reason or FinishReason.CANCELLED, seed=row.seed, speculative=speculative,
                    stats=row.stats.as_dict(), error=error or row.error,
                    logprobs=list(row.logprobs) if row.logprobs is not None else None,
                    prompt_logprobs=row.prompt_logprobs)

@@ -18,18 +18,18 @@ near-ties (docs/design.md §3). Costs 4 bytes per weight in memory.
 from __future__ import annotations
 
 import copy
-import os
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from gmlx import switches
 from gmlx.timing import fastest
 
 
 def wanted(model: nn.Module) -> bool:
     """Quantized layers, on the CPU, not switched off (GMLX_DEQUANTIZED_VERIFY=0)."""
-    if os.environ.get("GMLX_DEQUANTIZED_VERIFY", "1").strip().lower() in ("0", "false", "off", "no"):
+    if not switches.DEQUANTIZED_VERIFY.value():
         return False
     if mx.default_device().type != mx.DeviceType.cpu:
         return False  # GPU kernels verify k+1 quantized rows at about one step's cost
@@ -79,9 +79,9 @@ def materialized(model: nn.Module) -> nn.Module:
 def decodes_faster(model: nn.Module, twin_model: nn.Module) -> bool:
     """Whether the twin's one-token step beats the quantized one here by 10 % (fastest of 5 each,
     interleaved, after a warm-up), unless GMLX_DEQUANTIZED_DECODE forces the answer."""
-    forced = os.environ.get("GMLX_DEQUANTIZED_DECODE", "").strip().lower()
-    if forced in ("0", "false", "off", "no", "1", "true", "on", "yes"):
-        return forced in ("1", "true", "on", "yes")
+    forced = switches.DEQUANTIZED_DECODE.value()
+    if forced is not None:
+        return forced
     x = mx.array([[1]], dtype=mx.int32)
 
     def step(m):

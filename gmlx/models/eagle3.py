@@ -54,7 +54,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -62,6 +61,7 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
+from gmlx import switches
 from gmlx.drafters.mtp import MTPDrafter
 from gmlx.errors import ModelLoadError
 from gmlx.models.draft_vocab import NEVER
@@ -136,12 +136,9 @@ class AuxTarget:
 
 def layers_entering(config: dict, num_layers: int) -> tuple[int, ...]:
     """The target layers whose entering stream the head reads (see the module docstring)."""
-    env = os.environ.get("GMLX_EAGLE3_LAYERS", "").strip()
-    if env:
-        try:
-            return tuple(int(x) for x in env.split(","))
-        except ValueError:
-            raise ModelLoadError(f"GMLX_EAGLE3_LAYERS={env!r}: give comma-separated layer indices") from None
+    chosen = switches.EAGLE3_LAYERS.value()
+    if chosen is not None:
+        return chosen
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
         "eagle_aux_hidden_state_layer_ids")
     if ids:

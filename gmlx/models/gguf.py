@@ -24,6 +24,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from gmlx import switches
 from gmlx.models.gguf_file import GGUFError, Header, load_tensors, read_header
 from gmlx.models.gguf_tokenizer import eos_ids, write_tokenizer
 
@@ -249,8 +250,8 @@ def describe_origin(model_dir: str | Path) -> str | None:
 
 
 def cache_root() -> Path:
-    if os.environ.get("GMLX_CACHE"):
-        return Path(os.environ["GMLX_CACHE"]).expanduser()
+    if (chosen := switches.CACHE.value()) is not None:
+        return Path(chosen).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "gmlx"
 

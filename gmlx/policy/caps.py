@@ -50,6 +50,7 @@ from typing import Any, Literal
 
 from gmlx import blas
 from gmlx import machine as _machine
+from gmlx import switches
 from gmlx.errors import ConfigError
 from gmlx.policy.toml_write import atomic_write, dumps_toml, toml_key
 
@@ -63,8 +64,8 @@ _CAP_HELP = 'use an integer >= 0 (0 = uncapped) or "off" (never speculate in a b
 # -- where and for what ----------------------------------------------------------------------
 def config_path() -> Path:
     """The user config file (it need not exist)."""
-    env = os.environ
-    return _config_path_for(env.get("GMLX_CONFIG", ""), env.get("XDG_CONFIG_HOME", ""), env.get("HOME", ""))
+    return _config_path_for(switches.CONFIG.value() or "", os.environ.get("XDG_CONFIG_HOME", ""),
+                            os.environ.get("HOME", ""))
 
 
 @functools.lru_cache(maxsize=16)  # the engine asks every round: build the Path once per setting

@@ -35,6 +35,7 @@ import mlx.core as mx
 from gmlx.engine import intake
 from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.errors import EngineClosed, GmlxError, InvalidRequest, Overloaded
+from gmlx.finish import FinishReason
 from gmlx.serve.bridge import EventStream, Pumps, watch_disconnect
 from gmlx.serve.metrics import CONTENT_TYPE, ServeMetrics
 from gmlx.serve.protocol import ApiError, GenRequest, bad, parse_chat, parse_completion
@@ -140,7 +141,7 @@ class Api:
             tg.cancel_scope.cancel()
         for rec in recs:
             self._finished(rec, t0)
-        failed = next((rec for rec in recs if rec.finish_reason == "error"), None)
+        failed = next((rec for rec in recs if rec.finish_reason == FinishReason.ERROR), None)
         if failed is not None:
             raise ApiError(500, f"generation failed: {failed.error}", type="server_error", code="generation_failed")
         return JSONResponse(reply.full(recs))
@@ -171,7 +172,7 @@ class Api:
                 continue
             self._finished(rec, t0)
             recs[i] = rec
-            if rec.finish_reason == "error":
+            if rec.finish_reason == FinishReason.ERROR:
                 failed = True
                 yield sse(ApiError(500, f"generation failed: {rec.error}", type="server_error",
                                    code="generation_failed").body())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import random
 import statistics
 import threading
@@ -24,11 +23,12 @@ import openai
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.engine.intake import tokenize
+from gmlx.finish import COMPLETE
 from gmlx.serve import Background, create_app
+from gmlx.switches import WIDTH_CAP
 from gmlx.testing import compare_streams, run_scalar
 from gmlx.testing.soak import memory_now, settle
 
-CAP_ENV = "GMLX_MTP_WIDTH_CAP"
 TIMEOUT = 120.0  # per request: bounded, generous for a loaded machine
 TEMPERATURES = (0.0, 0.0, 0.5, 0.8, 1.0)
 
@@ -181,13 +181,13 @@ class CapFlipper:
     def __init__(self, every_s: float | None, seed: int):
         self.every_s, self.rng, self.flips = every_s, random.Random(seed), 0
         self._stop = threading.Event()
-        self._saved = os.environ.get(CAP_ENV)
+        self._saved = WIDTH_CAP.raw()
         self._thread = threading.Thread(target=self._run, name="gmlx-load-cap", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             v = self.rng.choice(("1", "2", "4", "0", ""))
-            os.environ[CAP_ENV] = v
+            WIDTH_CAP.put(v)
             self.flips += 1
 
     def __enter__(self) -> "CapFlipper":
@@ -199,10 +199,7 @@ class CapFlipper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
-        if self._saved is None:
-            os.environ.pop(CAP_ENV, None)
-        else:
-            os.environ[CAP_ENV] = self._saved
+        WIDTH_CAP.put(self._saved)
 
 
 def check(lm, outcomes: list[Outcome]) -> dict:
@@ -222,7 +219,7 @@ def check(lm, outcomes: list[Outcome]) -> dict:
         if key not in refs:
             refs[key] = run_scalar(lm, ids, it.params, speculative=False).tokens
         ref = refs[key]
-        if o.finish_reason not in ("length", "stop"):  # cut by its client (or cancelled server-side)
+        if o.finish_reason not in COMPLETE:  # cut by its client (or cancelled server-side)
             ref = ref[: len(o.tokens)]
         c = compare_streams(lm, ids, ref, o.tokens, it.params)
         counts["checked"] += 1
@@ -240,7 +237,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 def summarize(outcomes: list[Outcome]) -> dict:
     statuses = collections.Counter("left before an answer" if o.status is None and o.left else str(o.status)
                                    for o in outcomes)
-    complete = [o for o in outcomes if o.status == 200 and o.finish_reason in ("length", "stop") and not o.error]
+    complete = [o for o in outcomes if o.status == 200 and o.finish_reason in COMPLETE and not o.error]
     ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
     return {"statuses": dict(statuses), "status_5xx": sum(o.status is not None and o.status >= 500 for o in outcomes),
             "completed": len(complete), "left": sum(o.left for o in outcomes),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,8 +28,10 @@ from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.data import load_prompts
 from gmlx.engine import Engine
 from gmlx.engine.metrics import Event, EventKind
+from gmlx.finish import FinishReason
 from gmlx.models.loading import LoadedModel, default_model_path
-from gmlx.testing.soak_workload import (CAP_ENV, FULL, QUICK, Outcome, Profile, make_schedule, run, set_cap,
+from gmlx.switches import CONFIG, WIDTH_CAP
+from gmlx.testing.soak_workload import (FULL, QUICK, Outcome, Profile, make_schedule, run, set_cap,
                                 use_private_config)
 from gmlx.policy.admission import allows
 from gmlx.testing import compare_streams, run_scalar
@@ -109,11 +110,11 @@ def check(lm: LoadedModel, outcomes: list[Outcome]) -> dict:
             counts["client_error"] += 1
             mismatches.append(_describe(o, "no final record"))
             continue
-        if rec.finish_reason == "error" or rec.error:
+        if rec.finish_reason == FinishReason.ERROR or rec.error:
             counts["errored"] += 1
             mismatches.append(_describe(o, "engine error"))
             continue
-        cancelled = rec.finish_reason == "cancelled"
+        cancelled = rec.finish_reason == FinishReason.CANCELLED
         counts["cancelled" if cancelled else "completed"] += 1
         counts["cancel_sent"] += o.cancel_sent
         if o.tokens != rec.tokens:
@@ -153,7 +154,7 @@ def soak(lm: LoadedModel, profile: Profile, seed: int, config_path: str | Path, 
     """The whole soak: a private user config, an engine on its own thread, a warm-up, memory at
     start, the run, memory at the end, then the oracle. GMLX_CONFIG and GMLX_MTP_WIDTH_CAP are
     restored afterwards. Returns the report (its "failures" is empty when the soak passed)."""
-    saved = {k: os.environ.get(k) for k in ("GMLX_CONFIG", CAP_ENV)}
+    saved = [(s, s.raw()) for s in (CONFIG, WIDTH_CAP)]
     sched_rng, flip_rng = np.random.default_rng(seed).spawn(2)
     texts = load_prompts()
     tokens = [list(lm.tokenizer.encode(t)) for t in texts]
@@ -180,11 +181,8 @@ def soak(lm: LoadedModel, profile: Profile, seed: int, config_path: str | Path, 
         finally:
             eng.close()
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for s, v in saved:
+            s.put(v)
     t0 = time.perf_counter()
     verdict = check(lm, res["outcomes"])
     counters = {k: after[k] - before[k] for k in after}

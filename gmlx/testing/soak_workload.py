@@ -8,7 +8,6 @@ the interleaving is not, which is the point: the streams must not depend on it.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +19,9 @@ from gmlx.policy import caps
 from gmlx.config import SamplingParams
 from gmlx.engine import Engine
 from gmlx.engine.stream import FinalRecord
+from gmlx.switches import CONFIG, WIDTH_CAP
 
-CAP_ENV = "GMLX_MTP_WIDTH_CAP"
+CAP_ENV = WIDTH_CAP.name
 # Integers go through the env; "off" is the env unset, falling through to the run's own user
 # config, which says "off" (the env takes integers only: "off" there is a ConfigError).
 CAP_VALUES = ("1", "2", "4", "8", "0", "off")
@@ -128,15 +128,12 @@ class Outcome:
 
 def set_cap(value: str) -> None:
     """One cap flip: an integer through the env, "off" as the env unset (the run's config says off)."""
-    if value == "off":
-        os.environ.pop(CAP_ENV, None)
-    else:
-        os.environ[CAP_ENV] = value
+    WIDTH_CAP.put(None if value == "off" else value)
 
 
 def use_private_config(path, model_key: str = caps.DEFAULT_MODEL_KEY) -> None:
     """Point GMLX_CONFIG at a file of the run's own, whose entry says "off" (never the user's)."""
-    os.environ["GMLX_CONFIG"] = str(path)
+    CONFIG.put(str(path))
     caps.write_cap(model_key, caps.OFF, path=path, source="soak")
 
 
@@ -178,7 +175,7 @@ def run(eng: Engine, items: list[Item], profile: Profile, rng: np.random.Generat
     cond, live, stop = threading.Condition(), [0], threading.Event()
     flips: list[str] = []
     deadline = time.monotonic() + profile.timeout_s
-    saved = os.environ.get(CAP_ENV)
+    saved = WIDTH_CAP.raw()
 
     def flipper() -> None:
         while not stop.wait(float(rng.uniform(*profile.flip_s))):

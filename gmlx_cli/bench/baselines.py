@@ -8,6 +8,7 @@ from collections import deque
 
 from gmlx.engine.metrics import Event, EventKind
 from gmlx.policy.admission import Mode, Round
+from gmlx.finish import FinishReason
 from gmlx_cli.bench.driver import Backend
 
 
@@ -94,7 +95,7 @@ class MlxStreamBackend(_MlxLmBackend):
         sampler, model, m = self.make_sampler(params.temperature), self.lm.target.model, params.max_tokens
         if not self.eos:
             for n, (tok, _) in enumerate(generate_step(mx.array(ids), model, max_tokens=m, sampler=sampler)):
-                yield int(tok), "length" if n + 1 == m else None
+                yield int(tok), FinishReason.LENGTH if n + 1 == m else None
             return
         for r in stream_generate(model, self.lm.tokenizer, ids, max_tokens=m, sampler=sampler):
             yield int(r.token), r.finish_reason
@@ -104,7 +105,7 @@ class MlxStreamBackend(_MlxLmBackend):
             rid, ids, params = self.queue.popleft()
             self.cur = (rid, self._tokens(ids, params))
         rid, gen = self.cur
-        tok, reason = next(gen, (None, "length"))
+        tok, reason = next(gen, (None, FinishReason.LENGTH))
         if reason is not None:
             self.cur = None
         return self._events([(rid, tok, reason)])

@@ -15,6 +15,7 @@ from gmlx import blas
 from gmlx.config import EngineConfig, Switches
 from gmlx.engine import Engine
 from gmlx.errors import InvalidRequest
+from gmlx.finish import COMPLETE
 from gmlx.drafters.select import can_draft
 from gmlx.engine.intake import make_row, tokenize
 from gmlx_cli import dist, ui
@@ -54,7 +55,7 @@ def verify_runs(lm, runs) -> tuple[int, int, list[str]]:
     checked, ties, bad = 0, 0, []
     for run in runs:
         for o in run.outcomes:
-            if run.arm.backend != "gmlx" or o.finish_reason not in ("length", "stop"):
+            if run.arm.backend != "gmlx" or o.finish_reason not in COMPLETE:
                 continue
             p = o.request.params
             key = (tuple(o.prompt_tokens), p)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from gmlx.config import SamplingParams
 from gmlx.engine.metrics import Event, EventKind
+from gmlx.finish import FinishReason
 from gmlx_cli.bench.workload import Request
 
 
@@ -36,7 +37,7 @@ class Outcome:
     submit_s: float
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival time, tokens in it)
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # a FinishReason; from a server, whatever it sent
     stats: dict = field(default_factory=dict)
     end_s: float | None = None  # when it ended, whatever the reason (EOS first, cancelled, rejected included)
 
@@ -191,7 +192,7 @@ def drive(backend: Backend, requests: list[Request], prompt_ids: dict[int, list[
                 out.tokens, reason, out.stats = backend.result(rid)
             except Exception:  # noqa: BLE001 - a baseline keeps no record of a cut-off request
                 pass
-            out.finish_reason = reason or "cancelled"
+            out.finish_reason = reason or FinishReason.CANCELLED
             done.append(out)
     return done
 

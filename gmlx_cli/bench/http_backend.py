@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import httpx
 
 from gmlx.engine.metrics import Event, EventKind
+from gmlx.finish import FinishReason
 from gmlx_cli.bench.driver import Outcome
 from gmlx_cli.bench.target import Target, error_message
 from gmlx_cli.bench.workload import Request
@@ -161,19 +162,19 @@ async def drive_http(target: Target, requests: list[Request], concurrency: int, 
         try:
             await asyncio.wait_for(_stream_one(client, target, req, out, clock, t0, ignore_eos, on_tokens),
                                    request_timeout_s)
-            out.finish_reason = out.finish_reason or "error"
-            if out.finish_reason == "error":
+            out.finish_reason = out.finish_reason or FinishReason.ERROR
+            if out.finish_reason == FinishReason.ERROR:
                 out.error = out.error or "the stream ended without a finish reason"
         except asyncio.CancelledError:
-            out.finish_reason = "cancelled"
+            out.finish_reason = FinishReason.CANCELLED
             raise
         except openai.APIStatusError as e:
             if e.status_code == 429:  # the server's queue is full: a measured refusal, not a failure
-                out.finish_reason, out.rejected = "rejected", _error_text(e)
+                out.finish_reason, out.rejected = FinishReason.REJECTED, _error_text(e)
             else:
-                out.finish_reason, out.error = "error", _error_text(e)
+                out.finish_reason, out.error = FinishReason.ERROR, _error_text(e)
         except (openai.OpenAIError, asyncio.TimeoutError, httpx.HTTPError) as e:
-            out.finish_reason, out.error = "error", _error_text(e)
+            out.finish_reason, out.error = FinishReason.ERROR, _error_text(e)
         finally:
             out.end_s = clock() - t0  # every request ends: answered, refused, failed or cut off
             started.set()  # waiters must not wait forever on a request that failed before its first token

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from gmlx.engine.metrics import Event, EventKind
+from gmlx.finish import FinishReason
+from gmlx.policy.admission import Mode, Round
 
 # ROUND event modes (the round kind) -> the loop state a user knows from docs/design.md §2.
-_ROUND_STATE = {"scalar": "scalar", "speculative": "batched", "capture": "batched", "plain": "gated",
-                "plain_last": "gated"}
+_ROUND_STATE = {Round.SCALAR: Mode.SCALAR, Round.SPECULATIVE: Mode.BATCHED, Round.CAPTURE: Mode.BATCHED,
+                Round.PLAIN: Mode.GATED, Round.PLAIN_LAST: Mode.GATED}  # others (bench --url's) as named
 _REFRESH_S = 0.1
 
 
@@ -104,7 +106,7 @@ class LiveView:
         now = self.clock()
         if ev.kind is EventKind.ROUND:
             state = _ROUND_STATE.get(ev.round, ev.round)
-            if state == "gated" and not self.speculative:
+            if state == Mode.GATED and not self.speculative:
                 state = "plain"  # an engine without speculation is not "gated": it never arms
             self.mode, self.width = state.capitalize(), ev.width
             self.k = max((row[1] for row in ev.rows), default=0)
@@ -195,9 +197,12 @@ class LiveView:
 _COLUMNS = ("id", "state", "tokens", "accept", "mean len", "tok/s", "TTFT")
 # A finished request without a token, by finish reason (the FINISH event's `reason`, where the
 # driver knows it: bench --url); the engine's own FINISH events carry none.
-_NO_TOKEN = {None: " (finished before its first token)", "stop": " (ended at EOS before its first token)",
-             "rejected": " (rejected by the server: HTTP 429)", "error": " (failed before its first token)",
-             "cancelled": " (cancelled before its first token)", "length": " (finished before its first token)"}
+_NO_TOKEN = {None: " (finished before its first token)",
+             FinishReason.STOP: " (ended at EOS before its first token)",
+             FinishReason.REJECTED: " (rejected by the server: HTTP 429)",
+             FinishReason.ERROR: " (failed before its first token)",
+             FinishReason.CANCELLED: " (cancelled before its first token)",
+             FinishReason.LENGTH: " (finished before its first token)"}
 
 
 def _fmt_rate(v: float) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,10 +17,12 @@ import pandas as pd
 
 from gmlx.errors import ConfigError
 from gmlx.machine import describe
+from gmlx import switches
+from gmlx.finish import FinishReason
 from gmlx_cli.bench.driver import aggregate_tokens_per_s
 
 TRANSITIONS = ("preempt", "gate", "resume", "capture")
-ENV_SWITCHES = ("GMLX_MTP_PREEMPT", "GMLX_MTP_RESUME", "GMLX_MTP_WIDTH_CAP", "GMLX_OPENBLAS", "GMLX_CONFIG")
+ENV_SWITCHES = (switches.PREEMPT, switches.RESUME, switches.WIDTH_CAP, switches.OPENBLAS, switches.CONFIG)
 REQUEST_COLUMNS = {  # name -> dtype: the per-request table's contract (tests check it)
     "arm": "object", "concurrency": "int64", "repeat": "int64", "request_id": "int64", "prompt_tokens": "object",
     "tokens": "object", "num_prompt_tokens": "int64", "num_generated": "int64", "max_tokens": "int64",
@@ -52,7 +53,7 @@ SERVER_CELL_DTYPES = {"num_drafted": "Int64", "num_accepted": "Int64"}  # null: 
 
 def metadata(**extra) -> dict:
     """Machine, BLAS, versions and git commit, the env switches, and what the caller adds."""
-    return {"machine": describe(), "env": {k: os.environ.get(k) for k in ENV_SWITCHES},
+    return {"machine": describe(), "env": {s.name: s.raw() for s in ENV_SWITCHES},
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
@@ -91,7 +92,7 @@ def requests_frame(runs) -> pd.DataFrame:
                 # Nothing drafted (plain arm, over the cap, EOS first): no acceptance to report, not 0.
                 "draft_acceptance_rate": s.get("draft_acceptance_rate", 0.0) if drafted else math.nan,
                 "mean_acceptance_length": s.get("mean_acceptance_length", 0.0) if drafted else math.nan,
-                "eos_first": o.finish_reason == "stop" and not n_out})
+                "eos_first": o.finish_reason == FinishReason.STOP and not n_out})
     df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
     df = df.astype({k: v for k, v in REQUEST_COLUMNS.items() if v != "object"})
     return df.drop(columns=list(ENGINE_ONLY_REQUEST)) if _served(runs) else df
@@ -162,7 +163,7 @@ def cells_frame(runs, requests: pd.DataFrame, repeats: int | None = None) -> pd.
             "eos_first": int(req.eos_first.sum()), "num_rounds": rounds,
             # filled by gmlx_cli/ideal.py where a gmlx plain cell ran at the same concurrency
             "speedup_vs_plain": math.nan, "ideal_speedup": math.nan, "achieved_over_ideal": math.nan,
-            "rejected": int((req.finish_reason == "rejected").sum()),
+            "rejected": int((req.finish_reason == FinishReason.REJECTED).sum()),
             # the online control: how often it switched a width, the most drafts a round ran, and
             # what ran at the end of the cell's last request, and why (gmlx/engine/speculation.py)
             "control_switches": sum(r.transitions.get("control_switches", 0) for r in mine),

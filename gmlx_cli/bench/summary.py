@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from gmlx.finish import FinishReason
 from gmlx_cli.bench.results import TRANSITIONS
 
 PARTIAL_MARK = "*"
@@ -72,7 +73,7 @@ def summary_notes(cells: pd.DataFrame, requests: pd.DataFrame) -> list[str]:
         n, scope = len(ids), "every cell" if len(where) == len(cells) else ", ".join(where)
         notes.append(f"request{'s' if n > 1 else ''} {', '.join(map(str, ids))} ended at EOS before"
                      f" {'their' if n > 1 else 'its'} first token ({scope}): no TTFT or tok/s, left out of those")
-    for ids, where in _ids_by_cells(cells, requests, requests.finish_reason == "rejected").items():
+    for ids, where in _ids_by_cells(cells, requests, requests.finish_reason == FinishReason.REJECTED).items():
         n, scope = len(ids), "every cell" if len(where) == len(cells) else ", ".join(where)
         notes.append(f"request{'s' if n > 1 else ''} {', '.join(map(str, ids))} rejected by the server (HTTP 429)"
                      f" ({scope}): no tokens; in the span, not in TTFT or tok/s")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 
 from gmlx.errors import GmlxError, InvalidRequest
+from gmlx.finish import FinishReason
 from gmlx_cli.bench.arms import Arm, Run
 from gmlx_cli.bench.live import LiveView, print_table
 from gmlx_cli.bench.workload import Request
@@ -101,7 +102,7 @@ def warm_up(targets: dict, requests: list[Request], ignore_eos: bool) -> None:
                      after_start=False) for r in requests[:2]]
     for target in targets.values():
         outs = asyncio.run(http.drive_http(target, short, 2, ignore_eos=ignore_eos))
-        failed = [o for o in outs if o.finish_reason == "error"]
+        failed = [o for o in outs if o.finish_reason == FinishReason.ERROR]
         if failed:
             raise server.ServerError(f"{target.base_url} failed a warm-up request: {failed[0].error}")
 
@@ -116,7 +117,7 @@ def eos_notice(runs: list[Run]) -> str | None:
     """With --ignore-eos: requests that still ended at EOS before their budget (the server does not
     know the extension); their tokens are counted as generated, not padded."""
     short = [(r.arm.name, o) for r in runs for o in r.outcomes
-             if o.finish_reason == "stop" and o.num_generated < o.request.params.max_tokens]
+             if o.finish_reason == FinishReason.STOP and o.num_generated < o.request.params.max_tokens]
     if not short:
         return None
     arms = sorted({a for a, _ in short})
