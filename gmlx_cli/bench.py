@@ -124,7 +124,7 @@ def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, ru
 def verify_runs(lm, runs) -> tuple[int, int, list[str]]:
     """Every finished gmlx stream against a solo plain run of the same request (docs/design.md §3):
     (checked, near-ties, mismatch lines). Each distinct request is decoded once."""
-    from gmlx.testing import compare_streams, run_scalar
+    from gmlx.engine.oracle import compare_streams, run_scalar
 
     refs: dict = {}
     checked, ties, bad = 0, 0, []

@@ -6,7 +6,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from gmlx.engine.row import Piece, Row
+from gmlx.row import Piece, Row
 
 
 @dataclass(frozen=True)

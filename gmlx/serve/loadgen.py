@@ -25,8 +25,8 @@ import openai
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.engine.intake import tokenize
 from gmlx.serve import Background, create_app
-from gmlx.testing import compare_streams, run_scalar
-from gmlx.testing.soak import memory_now, settle
+from gmlx.engine.oracle import compare_streams, run_scalar
+from gmlx.engine.memory import memory_now, settle
 
 CAP_ENV = "GMLX_MTP_WIDTH_CAP"
 TIMEOUT = 120.0  # per request: bounded, generous for a loaded machine
