@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import gmlx  # noqa: F401  (OpenBLAS before mlx: benchmarks import this module too)
 import mlx.core as mx
 
 from gmlx.drafters.base import DraftPick

@@ -12,6 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
+import gmlx  # noqa: F401  (OpenBLAS before mlx: benchmarks import this module too)
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import gmlx  # noqa: F401  (OpenBLAS before mlx: benchmarks import this module too)
 import mlx.core as mx
 import numpy as np
 
