@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -46,10 +47,11 @@ def model(name: str):
     if name == "micro":  # random weights, no head: drafts by prompt lookup (--drafter ngram)
         import tempfile
 
-        from gmlx.testing.micro import make_micro_model
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the micro model, shared with the tests
+        from micro import make_micro_model
 
         return load(make_micro_model(Path(tempfile.mkdtemp()) / "micro"))
-    from gmlx.models.smollm2 import converted
+    from gmlx.gguf.smollm2 import converted
 
     return load(converted("float32" if name == "smollm2-f32" else "q"))
 

@@ -8,7 +8,7 @@ draft model's own noise when T > 0); gmlx's scalar loop drafts up to K (adaptive
 target's noise (coupled). Acceptance = accepted drafts / drafted; mlx-lm's drafted count is
 rounds x K, where a round ends at each token not from the draft.
 
-Run: ``python benchmarks/bench_draft.py --draft-model gmlx/models/default_model/draft``
+Run: ``python benchmarks/bench_draft.py --draft-model gmlx/weights/default_model/draft``
 Writes bench_results/<utc>_draft.json.
 """
 

@@ -11,7 +11,7 @@ same arms where compute matters. Arms, interleaved in one run (medians of per-re
 
 Every arm is timed as its consumer sees tokens: from the first token to the last (prefill and
 the first token excluded), greedy, EOS ignored, fixed length. Then a per-round breakdown of the
-engine's host time in microseconds (gmlx.engine.trace), one traced run per gmlx arm.
+engine's host time in microseconds (gmlx.trace), one traced run per gmlx arm.
 
 Run: ``python benchmarks/bench_host.py --tokens 256 --repeats 5``
 Writes bench_results/<utc>_host.json.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,10 +33,11 @@ from mlx_lm.sample_utils import make_sampler
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.data import load_prompts
-from gmlx.engine import trace
+from gmlx import trace
 from gmlx.machine import describe
 from gmlx.models.loading import load
-from gmlx.testing.micro import make_micro_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the micro model, shared with the tests
+from micro import make_micro_model  # noqa: E402
 
 from common import command_line, write_result
 

@@ -47,16 +47,18 @@ from gmlx import Engine, EngineConfig
 from gmlx.config import SamplingParams, Switches
 from gmlx.drafters.mtp import MTPDrafter
 from gmlx.engine.metrics import EventKind
-from gmlx.decode.prefill import prefill
+from gmlx.models.forward import prefill
 from gmlx.decode.probe import measure
 from gmlx.decode.scalar import ScalarLane
 from gmlx.kv import RaggedKVCache, make_ragged_cache, trim_rows
 from gmlx.machine import describe
 from gmlx.models.loading import default_model_path, load
 from gmlx.recurrent import RecurrentCache
-from gmlx.testing import ScriptedDrafter, decode_alone, make_row
+from gmlx.engine.oracle import decode_alone, make_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the scripted drafter, shared with the tests
+from doubles import ScriptedDrafter  # noqa: E402
 from common import command_line, write_result  # noqa: E402
 
 VOCAB = 2048  # the embedded model's tokenizer

@@ -35,7 +35,7 @@ from gmlx.models.loading import default_model_path, load
 
 from common import command_line, write_result
 
-# Held out from the SmolLM2 head's training prompts (gmlx/training/smollm2_prompts.py's templates).
+# Held out from the SmolLM2 head's training prompts (gmlx_training/smollm2_prompts.py's templates).
 CODE_ASKS = ["Write a Python function that returns the second largest number in a list.",
              "Write a Python class for a bank account with deposit and withdraw methods.",
              "Write a Python function that splits a list into chunks of size n.",
@@ -60,7 +60,7 @@ ARMS = {  # name: (EngineConfig, Switches, uses the previous answer as predictio
 def model(name: str):
     if name == "embedded":
         return load()
-    from gmlx.models.smollm2 import converted
+    from gmlx.gguf.smollm2 import converted
 
     return load(converted("float32" if name == "smollm2-f32" else "q"))
 

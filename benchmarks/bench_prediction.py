@@ -86,7 +86,7 @@ def cases(lm, name: str) -> list[tuple[str, list[int], str | None]]:
 
 def model(name: str):
     if name == "smollm2":
-        from gmlx.models.smollm2 import converted
+        from gmlx.gguf.smollm2 import converted
 
         return load(converted("float32"))
     if name == "embedded":

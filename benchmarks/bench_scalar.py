@@ -23,7 +23,7 @@ from gmlx.machine import describe
 from gmlx.models.loading import load
 from gmlx.drafters.select import select_drafter
 from gmlx.decode.scalar import ScalarLane
-from gmlx.testing import decode_alone, make_row
+from gmlx.engine.oracle import decode_alone, make_row
 
 from common import command_line, interleave, summarize, write_result
 from common import ratio as common_ratio

@@ -5,7 +5,7 @@ goes through `Engine.generate` (natural EOS, `--max-tokens` at most) and its dec
 the arms run back to back in alternating order (interleaved pairs); speedups are medians of the
 per-pair ratios to plain, so the machine's drift hits both sides of a pair alike.
 
-Arms: plain; mtp (the shipped head, `gmlx/models/smollm2/`); ngram (prompt lookup) when this
+Arms: plain; mtp (the shipped head, `gmlx/weights/smollm2/`); ngram (prompt lookup) when this
 gmlx has it (`EngineConfig(drafter="ngram")`; skipped with a note otherwise). mlx-lm's own
 speculative decoding takes a draft *model*, and there is none for SmolLM2-135M here (it is the
 family's smallest), so that comparison is recorded as not applicable.
@@ -27,7 +27,7 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.data import load_prompts
 from gmlx.errors import GmlxError
 from gmlx.machine import describe
-from gmlx.models import smollm2
+from gmlx.gguf import smollm2
 from gmlx.models.loading import load
 
 from common import command_line, write_result

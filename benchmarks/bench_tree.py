@@ -31,12 +31,12 @@ from gmlx import SamplingParams
 from gmlx.data import load_prompts
 from gmlx.decode.prefill import prefill_row
 from gmlx.decode.scalar import ScalarLane
-from gmlx.decode.tree import TreeKV, TreeScalarLane
+from gmlx.decode.tree_verify import TreeKV, TreeScalarLane
 from gmlx.drafters.select import select_drafter
 from gmlx.machine import describe
-from gmlx.models import smollm2
+from gmlx.gguf import smollm2
 from gmlx.models.loading import load
-from gmlx.testing import make_row
+from gmlx.engine.oracle import make_row
 
 from common import command_line, write_result
 

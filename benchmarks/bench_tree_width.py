@@ -1,7 +1,7 @@
 """Would token trees pay in the batch lane? (issue 20, part 1: "the batch lane where the cost model
 says it pays — or a written reason why not yet").
 
-The scalar lane's tree (gmlx/decode/tree.py) verifies 2 paths of K drafts as 2 rows over the shared
+The scalar lane's tree (gmlx/decode/tree_verify.py) verifies 2 paths of K drafts as 2 rows over the shared
 prefix; a batch of B rows would verify 2B rows. What that costs, per width, against the chain's B
 rows: one forward of the target over [B, 1] (a plain step), [B, K+1] (the chain's verify) and
 [2B, K+1] (a 2-path tree per row), each at the prompts' context, fastest of repeats, relative to
@@ -33,7 +33,7 @@ from common import command_line, write_result
 def model(name: str):
     if name == "embedded":
         return load()
-    from gmlx.models.smollm2 import converted
+    from gmlx.gguf.smollm2 import converted
 
     return load(converted("float32"))
 

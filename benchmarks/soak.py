@@ -1,7 +1,7 @@
 """Soak (issue 5 item 6): 1,000 requests with random arrivals, lengths, seeds, temperatures and
 cancellations through the engine's own thread while GMLX_MTP_WIDTH_CAP flips live; every
 stream is checked against its solo plain reference and memory at the end against the start.
-The work is in `gmlx/testing/soak.py` (shared with `tests/test_soak.py`); this script runs it and
+The work is in `tests/soak_harness.py` (shared with `tests/test_soak.py`); this script runs it and
 writes the report.
 
 Run: ``python benchmarks/soak.py --requests 1000 --seed 0``  (``--quick``: the test's profile)
@@ -23,7 +23,8 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
 from gmlx.machine import describe
 from gmlx.models.loading import load
-from gmlx.testing.soak import FULL, QUICK, soak
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the soak, shared with the tests
+from soak_harness import FULL, QUICK, soak  # noqa: E402
 
 
 def _mib(n: int | None) -> str:

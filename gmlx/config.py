@@ -167,7 +167,7 @@ class Switches:
     # (gmlx/policy/control.py); off: the configured cap and K alone decide, as before it existed.
     control: bool = field(default_factory=switches.CONTROL.value)
     # GMLX_TREE (opt-in, off by default): the lone request may verify a token tree instead of its
-    # draft chain (gmlx/decode/tree.py), where it measures the tree faster than the chain.
+    # draft chain (gmlx/decode/tree_verify.py), where it measures the tree faster than the chain.
     tree: bool = field(default_factory=switches.TREE.value)
 
     @classmethod

@@ -108,7 +108,7 @@ def train_default(
     minutes: Annotated[float, typer.Option("--minutes", help="Wall-clock training budget.")] = 90.0,
 ) -> None:
     """Train the embedded default model (a small llama with an MTP head, on the Python stdlib)."""
-    from gmlx.training.train_default import main as train_main  # heavy: only when asked
+    from gmlx_training.train_default import main as train_main  # heavy: only when asked
 
     train_main(["--out", str(out), "--minutes", str(minutes)])
 

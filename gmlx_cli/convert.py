@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gmlx.models.gguf import convert_gguf, describe_origin
+from gmlx.gguf.convert import convert_gguf, describe_origin
 from gmlx_cli import ui
 from gmlx_cli.options import DebugOpt
 

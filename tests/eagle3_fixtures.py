@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from gmlx.models.loading import default_model_path
-from gmlx.testing.micro import make_micro_model, write_random_model
+from micro import make_micro_model, write_random_model
 
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.engine.metrics import Event, EventKind
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from numerics import compare_tokens, same_stream
 
 import mlx.core as mx  # after gmlx: it loads OpenBLAS first

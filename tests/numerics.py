@@ -12,7 +12,7 @@ another order, amplified through a few layers: worst measured 174 x 2^-24, OPENB
 + ROUNDING * u, u the unit roundoff of reduced-precision arithmetic: 0 for float32 on the CPU, TF32
 2^-11 for float32 on a GPU unless MLX_ENABLE_TF32=0, float16 2^-11, bfloat16 2^-8 (worst measured
 5.8 x 2^-11 with GEMM operands rounded to TF32 and GEMVs not, an emulation of the GPU).
-Token streams are compared tie-aware (gmlx.testing.compare_streams): a divergence is forgiven when
+Token streams are compared tie-aware (gmlx.engine.oracle.compare_streams): a divergence is forgiven when
 the top-2 margin there is below tie_margin(), the same tolerance on logits of magnitude ~16.
 """
 
@@ -24,7 +24,7 @@ import gmlx  # noqa: F401  (loads OpenBLAS before mlx.core)
 import mlx.core as mx
 import numpy as np
 
-from gmlx.testing import Comparison, compare_streams
+from gmlx.engine.oracle import Comparison, compare_streams
 
 REORDER = 1024
 ROUNDING = 32
@@ -77,7 +77,7 @@ def tie_margin() -> float:
 
 
 def compare_tokens(lm, prompt, ref, got, params) -> Comparison:
-    """gmlx.testing.compare_streams with this backend's tie margin."""
+    """gmlx.engine.oracle.compare_streams with this backend's tie margin."""
     return compare_streams(lm, list(prompt), list(ref), list(got), params, tol=tie_margin())
 
 

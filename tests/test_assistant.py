@@ -9,7 +9,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from numerics import assert_close
 
 from gmlx.kv import RaggedKVCache
-from gmlx.models.assistant import (
+from gmlx.heads.assistant_head import (
     AssistantConfig,
     AssistantHead,
     causal_key_mask,

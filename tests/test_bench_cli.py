@@ -103,12 +103,12 @@ def test_bench_mlx_lm_baselines_run_beside_gmlx(tmp_path):
 
 
 def test_bench_verify_reports_a_mismatch(tmp_path, monkeypatch):
-    import gmlx.testing
+    import gmlx.engine.oracle
 
     class Wrong:
         tokens = [1, 2, 3]
 
-    monkeypatch.setattr(gmlx.testing, "run_scalar", lambda *a, **k: Wrong())
+    monkeypatch.setattr(gmlx.engine.oracle, "run_scalar", lambda *a, **k: Wrong())
     r = run("bench", "--concurrency", "3", *SMALL, "--verify", "--out", str(tmp_path))
     assert r.code == 1
     assert "mismatch: gmlx c=3 rep 0 request 0" in r.stderr

@@ -13,7 +13,7 @@ from test_bench_cli import run
 from gmlx.config import SamplingParams
 from gmlx.data import load_prompts
 from gmlx.engine.intake import tokenize
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 
 
 def first_tokens(lm) -> list[int]:

@@ -17,7 +17,7 @@ from engine_helpers import active_memory, check_solo, drive, engine, P, solo
 from gmlx.kv import cache_nbytes
 from gmlx.engine.metrics import EventKind
 from gmlx.policy.admission import Mode
-from gmlx.testing import make_row
+from gmlx.engine.oracle import make_row
 
 MEMORY_SLACK = 64 << 10  # bytes; one leaked row of this model's KV is ~1.4 MB at capacity 256
 

@@ -18,7 +18,7 @@ import pytest
 from cli_helpers import use_model
 from test_cli import assert_one_line_error, run
 
-from gmlx.engine.metrics import RequestStats
+from gmlx.request_stats import RequestStats
 from gmlx.engine.stream import Stream
 from gmlx_cli import app as app_mod
 from gmlx_cli import ui
@@ -212,7 +212,7 @@ def test_serve_shutdown_says_what_it_cancels(capsys):
 def test_metrics_text_has_no_created_series():
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-    from gmlx.serve.metrics import _WithoutCreated
+    from gmlx.serve.prometheus import _WithoutCreated
 
     r = CollectorRegistry()
     Counter("gmlx:x", "x", registry=r).inc()
@@ -224,7 +224,7 @@ def test_metrics_text_has_no_created_series():
 
 # -- 13. GGUF conversions: keyed by content, stale ones removed ----------------------------------
 def test_gguf_cache_is_keyed_by_content_and_prunes_stale_conversions(tmp_path, monkeypatch):
-    from gmlx.models import gguf
+    from gmlx.gguf import convert as gguf
 
     monkeypatch.setenv("GMLX_CACHE", str(tmp_path / "cache"))
     root = tmp_path / "cache" / "gguf"

@@ -333,7 +333,7 @@ def test_unknown_option(args, suggestion):
 def test_eos_first_requests_are_counted_and_named(lm, model, tmp_path):
     from engine_helpers import with_eos
 
-    from gmlx.testing import run_scalar
+    from gmlx.engine.oracle import run_scalar
 
     prompt = "def add(a, b):\n"
     first = run_scalar(lm, lm.tokenizer.encode(prompt), SamplingParams(max_tokens=1), speculative=False).tokens[0]
@@ -358,7 +358,7 @@ def test_eos_first_requests_are_counted_and_named(lm, model, tmp_path):
 def test_generate_eos_first_explains_the_missing_ttft(lm, model):
     from engine_helpers import with_eos
 
-    from gmlx.testing import run_scalar
+    from gmlx.engine.oracle import run_scalar
 
     prompt = "def add(a, b):\n"
     first = run_scalar(lm, lm.tokenizer.encode(prompt), SamplingParams(max_tokens=1), speculative=False).tokens[0]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gmlx.config import SamplingParams
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from cli_helpers import use_model
 from numerics import compare_tokens
 from test_cli import PROMPT, assert_one_line_error, run

@@ -161,7 +161,7 @@ def test_forced_plain_the_batch_gates_and_every_stream_equals_solo(lm, prompts, 
     assert eng.spec.control.decided_plain(4)
     said = [e for _, e in run.events() if e.kind is EventKind.DECISION]  # said out loud, once per switch
     assert said and eng.counters.control_switches == len(said) and any("plain" in e.reason for e in said)
-    from gmlx.serve.metrics import EngineCollector
+    from gmlx.serve.prometheus import EngineCollector
 
     text = {m.name: m for m in EngineCollector(eng, "m").collect()}
     assert text["gmlx:control_switches"].samples[0].value == len(said)

@@ -11,7 +11,7 @@ from gmlx.decode import probe
 from gmlx.decode.scalar import MIN_ROUNDS_TO_STOP, ScalarLane
 from gmlx.drafters.select import select_drafter
 from gmlx.policy.costs import PRIOR, Costs, emitted
-from gmlx.testing import decode_alone, make_row
+from gmlx.engine.oracle import decode_alone, make_row
 from numerics import same_stream
 
 LM_WITHOUT_EOS = True
@@ -74,7 +74,8 @@ def test_a_measurement_that_says_plain_is_taken_again_before_a_lone_request_give
 def test_it_stops_drafting_once_rounds_show_it_loses(lm, prompts):
     """Costs where the prior acceptance just pays; a drafter that is always wrong: after
     MIN_ROUNDS_TO_STOP rounds the request continues plain, with the same tokens."""
-    from gmlx.testing import ScriptedDrafter, run_scalar
+    from gmlx.engine.oracle import run_scalar
+    from doubles import ScriptedDrafter
 
     edge = Costs(verify=(1.0, 1.2, 1.4, 1.6), draft=0.1, source="test")
     wrong = ScriptedDrafter(lm.head, lm.target, lambda pos, k: [0] * k)

@@ -145,7 +145,7 @@ def _follower_records(path: Path, n: int) -> dict:
 def test_two_ranks_emit_what_one_process_emits(runs, loaded_lm):
     import dist_schedule
     from gmlx.engine import Engine
-    from gmlx.testing import compare_streams
+    from gmlx.engine.oracle import compare_streams
 
     ref = dist_schedule.run(loaded_lm, lambda config, switches: Engine(loaded_lm, config, switches=switches))
     _wait_for_line(runs["schedule"], "schedule done")
@@ -176,7 +176,7 @@ def test_two_ranks_emit_what_one_process_emits(runs, loaded_lm):
 
 
 def test_cli_generate_under_mlx_launch_prints_rank_0s_result(runs, loaded_lm, capsys):
-    from gmlx.testing import compare_streams
+    from gmlx.engine.oracle import compare_streams
     from gmlx_cli.app import main
 
     p = runs["launcher"]
@@ -208,7 +208,7 @@ def test_serve_on_two_ranks_answers_as_one_process_and_stops_cleanly(runs, loade
 
     from gmlx import Engine, EngineConfig
     from gmlx.engine.intake import tokenize
-    from gmlx.testing import compare_streams
+    from gmlx.engine.oracle import compare_streams
 
     pair, port = runs["serve"]
     base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + WAIT_S

@@ -9,7 +9,7 @@ from engine_helpers import check_solo, drive
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.drafters.select import select_drafter
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from numerics import same_stream
 
 KINDS = ["draft-self", "draft-random", "draft-shipped", "assistant-random", "assistant"]

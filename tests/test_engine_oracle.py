@@ -13,7 +13,8 @@ import pytest
 from engine_helpers import check_solo, drive, engine, solo, total_emitted, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.testing import run_scalar, visible_window
+from gmlx.engine.oracle import run_scalar
+from doubles import visible_window
 from numerics import compare_tokens, same_stream
 
 LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see conftest.lm

@@ -6,7 +6,7 @@ from engine_helpers import drive, P
 
 from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from numerics import same_stream
 
 

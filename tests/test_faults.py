@@ -3,7 +3,7 @@ request with finish reason "error" and a message; every other stream equals its 
 stream; the engine keeps serving (submit and generate after the fault work), in the caller's
 thread and in the engine thread (bounded waits: nothing here can hang).
 
-Non-finite logits come from `gmlx.testing.PoisonedTarget` (NaN logits at every position whose
+Non-finite logits come from `tests/doubles.py's PoisonedTarget` (NaN logits at every position whose
 input token is the poison), so a request whose prompt ends with the poison faults at its first
 decode step; the poison is picked so that no other request's stream or prompt contains it.
 """
@@ -15,7 +15,7 @@ import pytest
 
 from engine_helpers import check_solo, drive, engine, matches_solo, P, solo
 from gmlx.engine.metrics import EventKind
-from gmlx.testing import poisoned
+from doubles import poisoned
 from numerics import same_stream
 
 WAIT = 60  # seconds; a bound, never a timing assertion

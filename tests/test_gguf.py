@@ -18,10 +18,10 @@ from mlx_lm.models import llama
 
 from engine_helpers import drive, solo
 from gmlx import Engine, EngineConfig, SamplingParams
-from gmlx.models.gguf import read_origin
-from gmlx.models.gguf_file import load_tensors, read_header
+from gmlx.gguf.convert import read_origin
+from gmlx.gguf.reader import load_tensors, read_header
 from gmlx.models.loading import load
-from gmlx.testing import compare_streams, run_scalar
+from gmlx.engine.oracle import compare_streams, run_scalar
 
 CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
           "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
@@ -243,10 +243,10 @@ def test_engine_streams_equal_mlx_lm_and_solo(smollm2):
 def test_load_gguf_path_converts_once_into_the_cache(smollm2, monkeypatch):
     q_dir = smollm2.path("q")  # converted by the fixture through the same cache
     monkeypatch.setenv("GMLX_CACHE", str(smollm2.cache_dir))
-    monkeypatch.setattr("gmlx.models.gguf.convert_gguf", lambda *a: pytest.fail("converted again"))
+    monkeypatch.setattr("gmlx.gguf.convert.convert_gguf", lambda *a: pytest.fail("converted again"))
     lm = load(smollm2.gguf)
     assert lm.path == q_dir and lm.name == smollm2.gguf.name
-    assert lm.drafter_kind == "mtp"  # the head gmlx trained for this file (gmlx/models/smollm2/)
+    assert lm.drafter_kind == "mtp"  # the head gmlx trained for this file (gmlx/weights/smollm2/)
     origin = read_origin(q_dir)
     assert origin["source"] == smollm2.gguf.name and origin["dtype"] == "q" and len(origin["sha256"]) == 64
     assert origin["tensor_types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}

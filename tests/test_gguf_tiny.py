@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from gmlx.models.gguf import GGUFError, convert_gguf, dequantized, hf_name, quantization, read_origin
-from gmlx.models.gguf_file import load_tensors, read_header
+from gmlx.gguf.convert import GGUFError, convert_gguf, dequantized, hf_name, quantization, read_origin
+from gmlx.gguf.reader import load_tensors, read_header
 from gmlx.models.loading import load
 from test_cli import run as cli_run
 from test_gguf import _byte_chars, llama_cpp_permute, numpy_dequantize

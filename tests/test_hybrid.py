@@ -29,7 +29,7 @@ from mlx_lm.models.cache import ArraysCache
 from engine_helpers import check_solo, drive, engine, solo, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.decode.prefill import prefill
+from gmlx.models.forward import prefill
 from gmlx.decode.scalar import ScalarLane
 from gmlx.drafters.draft_model import DraftModelDrafter
 from gmlx.drafters.mtp import MTPDrafter
@@ -38,7 +38,8 @@ from gmlx.models import family
 from gmlx.models.loading import load
 from gmlx.models.gated_delta import install
 from gmlx.recurrent import RecurrentCache, recurrent_layers
-from gmlx.testing import ScriptedDrafter, decode_alone, make_row, run_scalar
+from gmlx.engine.oracle import decode_alone, make_row, run_scalar
+from doubles import ScriptedDrafter
 from native_checkpoints import qwen3_5_checkpoint, qwen3_next_checkpoint
 from numerics import assert_close, same_stream
 

@@ -24,9 +24,9 @@ from engine_helpers import drive, engine, with_eos
 from gmlx import SamplingParams
 from gmlx.errors import NoDrafterError
 from gmlx.kv import RaggedKVCache, trim_rows
-from gmlx.models.heads import BoundHead
+from gmlx.heads.bound import BoundHead
 from gmlx.models.loading import load, no_drafter_message, no_rollback_message
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from native_checkpoints import deepseek_checkpoint, qwen3_checkpoint, qwen3_next_checkpoint
 from numerics import assert_close, same_stream
 
@@ -147,7 +147,7 @@ def test_checkpoint_without_a_head_loads_plain(lms, ckpts):
 
 
 def test_gmlx_head_wins_over_the_native_one(ckpts, tmp_path):
-    from gmlx.models.mtp import MTPConfig, MTPHead
+    from gmlx.heads.mtp_head import MTPConfig, MTPHead
 
     d = tmp_path / "both"
     shutil.copytree(ckpts["q3"][0], d)
@@ -188,7 +188,7 @@ def test_bound_head_caches_incrementally_and_per_row(lms, name):
 
 
 # -- speculation never moves a token -----------------------------------------------------------
-# These go through gmlx.testing.run_scalar and the engine, i.e. gmlx/decode's loops. Until
+# These go through gmlx.engine.oracle.run_scalar and the engine, i.e. gmlx/decode's loops. Until
 # the drafter protocol lands there, those loops call the head the old way and BoundHead serves
 # that call (BoundHead._legacy); afterwards the same tests run the bound interface.
 @pytest.mark.parametrize("name", ["ds", "q3", "qn"])

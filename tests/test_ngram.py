@@ -19,7 +19,7 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.drafters import ngram
 from gmlx.drafters.ngram import NGramDrafter, lookup
 from gmlx.drafters.select import available, cap_defaults, select_drafter
-from gmlx.testing import compare_streams, run_scalar
+from gmlx.engine.oracle import compare_streams, run_scalar
 
 LM_WITHOUT_EOS = True  # budgets alone end the engine tests' requests: see conftest.lm
 

@@ -18,9 +18,9 @@ from gmlx.config import Switches
 from gmlx.drafters.ngram import NGramDrafter
 from gmlx.drafters.prediction import PredictionDrafter, alignment
 from gmlx.drafters.select import available, select_drafter, with_predictions
-from gmlx.engine.metrics import RequestStats
+from gmlx.request_stats import RequestStats
 from gmlx.errors import InvalidRequest
-from gmlx.testing import compare_streams, run_scalar
+from gmlx.engine.oracle import compare_streams, run_scalar
 
 LM_WITHOUT_EOS = True  # budgets alone end the engine tests' requests: see conftest.lm
 

@@ -21,7 +21,7 @@ from engine_helpers import check_solo, drive, engine, with_eos
 from gmlx.config import SamplingParams
 from gmlx.processors import Context, apply, build, processed
 from gmlx.sampling import RowSampling
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from numerics import compare_tokens
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm

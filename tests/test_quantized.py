@@ -11,7 +11,7 @@ import pytest
 
 from engine_helpers import P, check_solo, drive, engine
 from gmlx.models.loading import default_model_path, load
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from numerics import same_stream
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
@@ -117,7 +117,7 @@ def test_smollm2_loads_whichever_path_one_token_steps_take(smollm2, forced, monk
     machine where the twin decodes faster): forced both ways, the 4-bit model loads, its split
     forward on its own weights is mlx-lm's, and greedy streams equal the float32 conversion's."""
     from gmlx.models.loading import load
-    from gmlx.testing import run_scalar
+    from gmlx.engine.oracle import run_scalar
 
     monkeypatch.setenv("GMLX_DEQUANTIZED_DECODE", forced)
     lm = load(smollm2.path("q"))

@@ -6,7 +6,8 @@ from mlx_lm.generate import generate_step
 from numerics import assert_close, compare_tokens, same_stream
 
 from gmlx.config import SamplingParams
-from gmlx.testing import ScriptedDrafter, run_scalar, visible_window
+from gmlx.engine.oracle import run_scalar
+from doubles import ScriptedDrafter, visible_window
 
 
 
@@ -138,7 +139,7 @@ def test_rollback_restores_caches(lm, prompts, accept):
         return [t if j < accept else (t + 1) % lm.target.vocab_size for j, t in enumerate(good)]
 
     from gmlx.decode.scalar import ScalarLane
-    from gmlx.testing import make_row
+    from gmlx.engine.oracle import make_row
 
     row = make_row(lm, prompt, params, eos_ids=set())
     drafter = ScriptedDrafter(lm.head, lm.target, script)

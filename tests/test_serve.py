@@ -16,7 +16,8 @@ from engine_helpers import solo
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import TIMEOUT, params, prompt_ids, serving
 
-from gmlx.testing import compare_streams, run_scalar, visible_window
+from gmlx.engine.oracle import compare_streams, run_scalar
+from doubles import visible_window
 
 LM_WITHOUT_EOS = True  # budgets alone end requests: the lengths below hold whatever the model emits
 PROMPT = "def fibonacci(n):\n"

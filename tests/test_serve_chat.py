@@ -86,7 +86,7 @@ def test_chat_penalties_and_logprobs_equal_solo_plain(chat_srv):
     import numpy as np
 
     from gmlx.config import SamplingParams
-    from gmlx.testing import run_scalar
+    from gmlx.engine.oracle import run_scalar
     from numerics import compare_tokens
 
     lm = chat_srv.engine.lm

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from serve_helpers import TIMEOUT, params, prompt_ids, serving
 
-from gmlx.testing import run_scalar
+from gmlx.engine.oracle import run_scalar
 from numerics import compare_tokens
 
 LM_WITHOUT_EOS = True

@@ -16,7 +16,7 @@ import pytest
 from engine_helpers import solo
 from serve_helpers import TIMEOUT, params, prompt_ids, serving
 
-from gmlx.testing import compare_streams
+from gmlx.engine.oracle import compare_streams
 
 LM_WITHOUT_EOS = True
 LONG = "import os\nimport sys\n\n\ndef main():\n"

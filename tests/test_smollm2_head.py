@@ -1,4 +1,4 @@
-"""The drafter gmlx ships for SmolLM2-135M-Instruct (gmlx/models/smollm2/): found beside the
+"""The drafter gmlx ships for SmolLM2-135M-Instruct (gmlx/weights/smollm2/): found beside the
 conversion of the known GGUF file, exact (greedy and seeded streams equal plain decoding,
 tie-aware), and really drafting (a fair share of its drafts accepted)."""
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from gmlx import Engine, EngineConfig, SamplingParams
-from gmlx.models.draft_vocab import NEVER, BoundVocabMTPHead
-from gmlx.models.smollm2 import HEAD_DIR, shipped_head_dir
-from gmlx.testing import compare_streams
+from gmlx.heads.draft_vocab import NEVER, BoundVocabMTPHead
+from gmlx.gguf.smollm2 import HEAD_DIR, shipped_head_dir
+from gmlx.engine.oracle import compare_streams
 
 CHAT = "Write a Python function that checks whether a number is even."
 

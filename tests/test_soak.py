@@ -8,8 +8,8 @@ import pytest
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.testing.soak import QUICK, soak
-from gmlx.testing.soak_workload import CAP_ENV, make_schedule
+from soak_harness import QUICK, soak
+from soak_workload import CAP_ENV, make_schedule
 from gmlx.policy import admission
 from gmlx.policy.admission import Mode
 

@@ -1,4 +1,4 @@
-"""Tree verification in the scalar lane (gmlx/decode/tree.py, gmlx/drafters/tree.py): several
+"""Tree verification in the scalar lane (gmlx/decode/tree_verify.py, gmlx/drafters/token_tree.py): several
 draft paths verified as rows of one forward over the request's shared prefix K/V, acceptance
 walking the tree along the target's own tokens, only the accepted path kept. The tree never
 changes a token: greedy and seeded streams equal solo plain decoding (tie-aware), also when a
@@ -14,12 +14,12 @@ import pytest
 from engine_helpers import P, matches_solo, solo
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.decode.tree import EXPLORE_EVERY, MIN_ROUNDS, TreeChoice, TreeScalarLane, walk
+from gmlx.decode.tree_verify import EXPLORE_EVERY, MIN_ROUNDS, TreeChoice, TreeScalarLane, walk
 from gmlx.drafters.ngram import NGramDrafter
 from gmlx.drafters.select import select_drafter
-from gmlx.drafters.tree import TreeProposer
+from gmlx.drafters.token_tree import TreeProposer
 from gmlx.errors import ConfigError
-from gmlx.testing import make_row
+from gmlx.engine.oracle import make_row
 
 import mlx.core as mx  # after gmlx
 

@@ -24,10 +24,11 @@ import mlx.core as mx
 import numpy as np
 
 from gmlx.decode.prefill import Prefilled
-from gmlx.decode.verify import RoundResult, verified
+from gmlx.decode.verify import verified
+from gmlx.row import RoundResult
 from gmlx.drafters.base import DraftPick, Drafter
-from gmlx.engine import trace
-from gmlx.engine.row import Row
+from gmlx import trace
+from gmlx.row import Row
 from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, row_lengths, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.processors import attach, processed, scored

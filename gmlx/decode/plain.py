@@ -6,8 +6,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from gmlx.decode.verify import RoundResult
-from gmlx.engine import trace
+from gmlx.row import RoundResult
+from gmlx import trace
 from gmlx.models.adapter import Target
 from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample

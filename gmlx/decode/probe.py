@@ -23,9 +23,10 @@ import numpy as np
 from gmlx import switches
 from gmlx.models.gated_delta import prior_verify
 from gmlx.config import SamplingParams
-from gmlx.decode.prefill import Prefilled, prefill
+from gmlx.decode.prefill import Prefilled
+from gmlx.models.forward import prefill
 from gmlx.drafters.base import DraftPick, Drafter
-from gmlx.engine.row import Row
+from gmlx.row import Row
 from gmlx.models.adapter import Target
 from gmlx.policy.costs import PRIOR, Costs
 from gmlx.timing import REPS, fastest

@@ -24,10 +24,11 @@ import numpy as np
 
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import Prefilled, prefill_row
-from gmlx.decode.verify import RoundResult, verified
+from gmlx.decode.verify import verified
+from gmlx.row import RoundResult
 from gmlx.drafters.base import DraftPick, Drafter
-from gmlx.engine import trace
-from gmlx.engine.row import Row
+from gmlx import trace
+from gmlx.row import Row
 from gmlx.kv import RaggedKVCache, lift_caches
 from gmlx.models.adapter import Target
 from gmlx.decode.probe import reconfirmed, round_costs

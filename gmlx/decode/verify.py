@@ -1,4 +1,4 @@
-"""The acceptance rule, once, for both lanes, and what a round hands back to emission.
+"""The acceptance rule, once, for both lanes (what a round hands back to emission: gmlx.row.RoundResult).
 
 A verify forward of [bonus, d_n..d_{n+k-1}] samples the target's own tokens t_n..t_{n+k} at
 their absolute positions (position-keyed noise, gmlx.sampling). Row b accepts
@@ -13,17 +13,9 @@ row's KV. A FAULT target (-1) never equals a draft, so acceptance stops there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass(slots=True)
-class RoundResult:
-    tokens: list[int]  # candidates to emit, in order
-    drafted: int
-    accepted: int
-    logprobs: list | None = None  # per candidate token, when the request asked (gmlx.processors)
+from gmlx.row import RoundResult
 
 
 def accepted_counts(drafts: np.ndarray, targets: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:

@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from gmlx.config import EngineConfig, Switches
-from gmlx.distributed import protocol
+from gmlx.distributed import messages
 from gmlx.distributed.channel import Channel, PeerLost, fatal
 from gmlx.distributed.liveness import Liveness
 from gmlx.distributed.watchdog import Watchdog
@@ -96,7 +96,7 @@ class Cluster:
             config = replace(config, draft_model=str(path))
         sid = next(self._sids)
         engine = ReplicaEngine(lm, config, switches=switches, cluster=self, sid=sid)
-        self.send(protocol.hello(sid, engine.config, engine.switches, protocol.fingerprint(lm)),
+        self.send(messages.hello(sid, engine.config, engine.switches, messages.fingerprint(lm)),
                   f"starting engine {sid}")
         self.channel.position = engine.position
         engine.agree_round_costs()
@@ -114,7 +114,7 @@ class Cluster:
     def finish(self, code: int = 0) -> None:
         """Rank 0: the run is over; every other rank exits with `code`. Idempotent."""
         if self.leader and not self.channel.closed:
-            self.send({"k": protocol.EXIT, "code": code}, "ending the run")
+            self.send({"k": messages.EXIT, "code": code}, "ending the run")
             self.channel.closed = True
 
     def __enter__(self) -> "Cluster":
@@ -136,15 +136,15 @@ class Cluster:
             except Exception as e:  # noqa: BLE001
                 fatal(self.describe(e, "waiting for rank 0"))
             kind = msg["k"]
-            if kind == protocol.STEP:
+            if kind == messages.STEP:
                 engine.follow(msg)
                 time.sleep(msg.get("nap", 0))  # rank 0 is idle: wait here, not spinning in the next exchange
-            elif kind == protocol.HELLO:
+            elif kind == messages.HELLO:
                 engine = self._replica(ReplicaEngine, lm, msg)
                 engine.agree_round_costs()
-            elif kind == protocol.COSTS:
+            elif kind == messages.COSTS:
                 engine.follow_costs(msg)
-            elif kind == protocol.CLOSE:
+            elif kind == messages.CLOSE:
                 engine.end_live(FinishReason.CANCELLED, drop_caches=True)
                 engine = None
             else:
@@ -153,10 +153,10 @@ class Cluster:
                 return int(msg["code"])
 
     def _replica(self, cls, lm: LoadedModel, msg: dict):
-        if msg["model"] != protocol.fingerprint(lm):
+        if msg["model"] != messages.fingerprint(lm):
             fatal(f"distributed: rank {self.rank} loaded another model than rank 0 (config, drafter head or K"
                   " differ); give every rank the same model directory")
-        config, switches = protocol.config_of(msg)
+        config, switches = messages.config_of(msg)
         try:
             engine = cls(lm, config, switches=switches, cluster=self, sid=msg["sid"])
         except GmlxError as e:

@@ -22,12 +22,12 @@ import time
 
 import mlx.core as mx
 
-from gmlx.distributed import protocol
+from gmlx.distributed import messages
 from gmlx.distributed.channel import fatal, fold
 from gmlx.distributed.watchdog import HEARTBEAT_S, IDLE_NAP_AFTER_S, IDLE_NAP_S
 from gmlx.engine.engine import Engine
 from gmlx.engine.intake import make_row
-from gmlx.engine.row import Row
+from gmlx.row import Row
 from gmlx.engine.service import Service
 from gmlx.engine.stream import Stream
 from gmlx.errors import EngineBusy, EngineClosed, InvalidRequest, LaunchError, ReplicaDivergence
@@ -79,7 +79,7 @@ class ReplicaService(Service):
 
     def inputs(self) -> dict:
         """This step's snapshot, for the message to the other ranks."""
-        return {"new": [[r.rid, r.prompt, protocol.encode_params(r.params)] for r in self._new],
+        return {"new": [[r.rid, r.prompt, messages.encode_params(r.params)] for r in self._new],
                 "c": sorted(self._cancelled), "h": self._horizon}
 
     # ---- the other ranks: the same inputs, received --------------------------------------
@@ -87,7 +87,7 @@ class ReplicaService(Service):
         lm = self.core.lm
         with self._lock:
             for rid, prompt, params in msg["new"]:
-                row = make_row(lm, prompt, protocol.decode_params(params))
+                row = make_row(lm, prompt, messages.decode_params(params))
                 row.rid = rid
                 self._streams[rid] = Stream(rid, row.seed, on_cancel=self._note_cancel)
                 self._queue.append(row)
@@ -171,13 +171,13 @@ class ReplicaEngine(Engine):
             return
         measured = self.scalar.round_costs()
         if self.channel.leader:
-            self.cluster.send(protocol.costs(self.sid, measured), f"sharing engine {self.sid}'s round costs")
+            self.cluster.send(messages.costs(self.sid, measured), f"sharing engine {self.sid}'s round costs")
 
     def follow_costs(self, msg: dict) -> None:
         if msg["sid"] != self.sid:
             fatal(f"distributed: rank {self.channel.rank} has engine {self.sid}, but rank 0 sent the round costs of"
                   f" engine {msg['sid']}; this is a bug: please report it")
-        self.scalar.costs = protocol.costs_of(msg)
+        self.scalar.costs = messages.costs_of(msg)
 
     @property
     def position(self) -> tuple[int, int, int]:
@@ -203,19 +203,19 @@ class ReplicaEngine(Engine):
     def _decide(self, view: admission.View) -> Plan:
         plan = super()._decide(view)
         if self.channel.leader:
-            msg = {"k": protocol.STEP, "sid": self.sid, "n": self.steps + 1, **self.service.inputs(),
-                   "p": protocol.encode_plan(plan)}
+            msg = {"k": messages.STEP, "sid": self.sid, "n": self.steps + 1, **self.service.inputs(),
+                   "p": messages.encode_plan(plan)}
             if self.caps.current is not self._sent_caps:
-                msg["cap"] = protocol.encode_caps(self.caps.current)
+                msg["cap"] = messages.encode_caps(self.caps.current)
                 self._sent_caps = self.caps.current
             if self._idle_for(view, plan) >= IDLE_NAP_AFTER_S:
                 msg["nap"] = IDLE_NAP_S
             self.channel.exchange(msg)
-        elif protocol.encode_plan(plan) != self._msg["p"]:
+        elif messages.encode_plan(plan) != self._msg["p"]:
             raise ReplicaDivergence(f"rank {self.channel.rank} diverged from rank 0 at step {self.steps + 1} of engine"
                                     f" {self.sid}: rank 0 planned {self._msg['p']}, this rank"
-                                    f" {protocol.encode_plan(plan)}; this is a bug: please report it")
-        self.checksum = fold(self.checksum, protocol.plan_digest(plan))
+                                    f" {messages.encode_plan(plan)}; this is a bug: please report it")
+        self.checksum = fold(self.checksum, messages.plan_digest(plan))
         return plan
 
     def _idle_for(self, view: admission.View, plan: Plan) -> float:
@@ -253,7 +253,7 @@ class ReplicaEngine(Engine):
                   f" sent step {msg['n']} of engine {msg['sid']}; this is a bug: please report it")
         self._msg = msg
         if "cap" in msg:
-            self._leader_caps = protocol.decode_caps(msg["cap"])
+            self._leader_caps = messages.decode_caps(msg["cap"])
         self.service.apply(msg)
         self._step(want_events=False)
 
@@ -264,4 +264,4 @@ class ReplicaEngine(Engine):
             send = self.channel.leader and not self._close_sent and not self.channel.closed
             self._close_sent = True
         if send:
-            self.cluster.send({"k": protocol.CLOSE, "sid": self.sid}, f"closing engine {self.sid}")
+            self.cluster.send({"k": messages.CLOSE, "sid": self.sid}, f"closing engine {self.sid}")

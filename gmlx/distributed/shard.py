@@ -30,7 +30,7 @@ def model_dir(path: str | Path | None) -> Path:
         return default_model_path()
     p = Path(path).expanduser()
     if p.suffix.lower() == ".gguf" and not p.is_dir():
-        from gmlx.models.gguf import cached_conversion
+        from gmlx.gguf.convert import cached_conversion
 
         return cached_conversion(p)
     return p

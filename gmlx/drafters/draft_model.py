@@ -26,7 +26,7 @@ from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, make_ragged_cache, 
 from gmlx.recurrent import reach
 from gmlx.models.adapter import Target
 from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
-from gmlx.decode.prefill import prefill
+from gmlx.models.forward import prefill
 
 
 @dataclass(slots=True)

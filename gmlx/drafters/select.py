@@ -5,7 +5,7 @@ Kinds: "mtp" (an MTP head shipped with the target: gmlx's own or a native checkp
 KV-sharing assistant head shipped beside the target), "ngram" (prompt lookup: drafts copied from
 the row's own context; needs no files, so any target that can roll back has it), "prediction"
 (drafts only from requests' predicted outputs; rows without one draft nothing), "eagle3" (an
-EAGLE-3 head in its public checkpoint layout, given as --draft-model PATH: gmlx/models/eagle3.py;
+EAGLE-3 head in its public checkpoint layout, given as --draft-model PATH: gmlx/heads/eagle3_head.py;
 the engine then sees the target through a view that captures the layers the head reads). With no kind
 asked for: a draft model when one is given (the caller asked for it), else the MTP head, else the
 assistant head; never ngram, which is asked for by name (it pays only where the output repeats
@@ -59,14 +59,14 @@ def load_draft_model(path: str | Path):
 
 
 def has_assistant(lm) -> bool:
-    from gmlx.models.assistant import CONFIG_FILE, WEIGHTS_FILE
+    from gmlx.heads.assistant_head import CONFIG_FILE, WEIGHTS_FILE
 
     return (lm.path / CONFIG_FILE).is_file() and (lm.path / WEIGHTS_FILE).is_file()
 
 
 @lru_cache(maxsize=4)
 def _load_assistant(path: str):
-    from gmlx.models.assistant import load_assistant
+    from gmlx.heads.assistant_head import load_assistant
 
     return load_assistant(path)
 
@@ -217,12 +217,12 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
 
 def _eagle3(lm, path) -> DrafterChoice:
     """An EAGLE-3 head from its checkpoint directory: the engine runs on the model's view that
-    captures the target layers the head reads (gmlx/models/eagle3.py)."""
+    captures the target layers the head reads (gmlx/heads/eagle3_head.py)."""
     if path is None or isinstance(path, LoadedModel):
         raise NoDrafterError("drafter 'eagle3' needs the EAGLE-3 checkpoint directory (--draft-model PATH)")
     if not lm.can_rollback:
         raise NoDrafterError(no_rollback_message(lm))
-    from gmlx.models.eagle3 import load_eagle3
+    from gmlx.drafters.eagle3 import load_eagle3
 
     view, inner = load_eagle3(path, lm)
     drafter = with_predictions(inner)

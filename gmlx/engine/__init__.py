@@ -1,12 +1,12 @@
 """The engine: one step at a time (engine.py), as a thread-safe service (service.py), over the
-Row record (row.py), request intake, streams and metrics."""
+Row record (gmlx/row.py), request intake, streams and metrics; the stream oracle (oracle.py)."""
 
 __all__ = ["Engine"]
 
 
 def __getattr__(name: str):
     """`Engine` on first use: engine.py pulls in mlx-lm, which the light modules here (stream,
-    metrics, row) do not need."""
+    metrics, intake) do not need."""
     if name == "Engine":
         from gmlx.engine.engine import Engine
 

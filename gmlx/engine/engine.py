@@ -17,14 +17,14 @@ from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.decode.batch import BatchLoop
 from gmlx.decode.prefill import Prefiller
 from gmlx.decode.scalar import ScalarLane
-from gmlx.decode.verify import RoundResult
+from gmlx.row import RoundResult
 from gmlx.drafters.base import Drafter
 from gmlx.drafters.select import choose
-from gmlx.engine import trace
+from gmlx import trace
 from gmlx.engine.cap_watch import CapWatch
 from gmlx.engine.intake import make_row
 from gmlx.engine.metrics import Counters, Event, EventKind, notify
-from gmlx.engine.row import Row, RowState, transition
+from gmlx.row import Row, RowState, transition
 from gmlx.engine.service import Service
 from gmlx.engine.speculation import Speculation
 from gmlx.engine.stream import FinalRecord, Stream
@@ -60,7 +60,7 @@ class Engine:
         self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
         # An explicit K is a request to speculate: lone requests then never fall back to plain.
-        # GMLX_TREE=1: the lone request may verify token trees where measured faster (gmlx/decode/tree.py).
+        # GMLX_TREE=1: the lone request may verify token trees where measured faster (gmlx/decode/tree_verify.py).
         lane, tree = (ScalarLane, {}) if not self.switches.tree else _tree_lane()
         self.scalar = lane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
                            may_go_plain=self.config.num_draft_tokens is None, **tree)
@@ -347,6 +347,6 @@ class Engine:
 
 def _tree_lane():
     """The scalar lane with tree rounds, chosen per round from measurements (GMLX_TREE=1)."""
-    from gmlx.decode.tree import TreeScalarLane
+    from gmlx.decode.tree_verify import TreeScalarLane
 
     return TreeScalarLane, {"tree": "auto"}

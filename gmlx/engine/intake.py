@@ -10,7 +10,7 @@ from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
 from gmlx.models.loading import LoadedModel
-from gmlx.engine.row import Row
+from gmlx.row import Row
 
 
 def tokenize(lm: LoadedModel, prompt: str | list[int]) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from gmlx.engine.row import Piece, Row, RowState, transition
+from gmlx.row import Piece, Row, RowState, transition
 from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.errors import EngineBusy, EngineClosed, Overloaded
 from gmlx.finish import FinishReason

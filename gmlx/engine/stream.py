@@ -6,8 +6,8 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from gmlx.engine.row import Piece, Row
 from gmlx.finish import FinishReason
+from gmlx.row import Piece, Row
 
 
 @dataclass(frozen=True)

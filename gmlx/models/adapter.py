@@ -5,7 +5,7 @@ mlx-lm's decoder-only models (llama, mistral, qwen2, qwen3, deepseek_v3, ...) ar
 norm. So `hidden = model.model(x, cache)` and `logits = lm_head(hidden)` reproduce `model(x)`
 exactly, without forking mlx-lm's model files.
 
-Which hidden a drafter gets is the target's `hidden_convention` (see `gmlx.models.heads`):
+Which hidden a drafter gets is the target's `hidden_convention` (see `gmlx.heads.bound`):
 - "post_norm" (default): the backbone's output, after the final norm.
 - "pre_norm": before it. The backbone applies its norm itself, so the adapter runs a shallow
   copy of the backbone whose `norm` is the identity (the layers, embedding and weights are the
@@ -30,7 +30,12 @@ from gmlx import recurrent
 from gmlx.models import gated_delta
 from gmlx.errors import ModelLoadError
 from gmlx.models import dequantized
-from gmlx.models.heads import HIDDEN_CONVENTIONS, POST_NORM, PRE_NORM
+
+
+# Which hidden a head wants from the target (gmlx/heads/bound.py says what each means).
+POST_NORM = "post_norm"
+PRE_NORM = "pre_norm"
+HIDDEN_CONVENTIONS = (POST_NORM, PRE_NORM)
 
 
 class Target:

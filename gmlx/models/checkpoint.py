@@ -20,7 +20,7 @@ import mlx.core as mx
 from gmlx.errors import ModelLoadError
 
 INDEX_FILE = "model.safetensors.index.json"
-GMLX_HEAD_FILE = "mtp_head.safetensors"  # gmlx's own head, read by gmlx.models.mtp
+GMLX_HEAD_FILE = "mtp_head.safetensors"  # gmlx's own head, read by gmlx.heads.mtp_head
 _MAX_HEADER = 256 * 1024 * 1024
 
 
@@ -81,3 +81,38 @@ class Checkpoint:
                     raise ModelLoadError(f"{str(f)!r} has no tensor {n!r} although the index names it there")
                 out[n] = arrays[n]
         return out
+
+
+def load_beside(path: str | Path, config_name: str, weights_name: str, build):
+    """A module stored beside a model as `config_name` (JSON, given to `build`) and `weights_name`
+    (safetensors, loaded strictly); None when either file is absent."""
+    p = Path(path)
+    cfg_file, w_file = p / config_name, p / weights_name
+    if not cfg_file.is_file() or not w_file.is_file():
+        return None
+    try:
+        module = build(json.loads(cfg_file.read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ModelLoadError(f"{str(cfg_file)!r} is not a valid head config ({_first_line(e)})") from None
+    try:
+        module.load_weights(str(w_file), strict=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise weights_error(w_file, e) from None
+    module.eval()
+    mx.eval(module.parameters())  # sync: materialise weights at load time
+    return module
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def weights_error(file: Path, e: BaseException) -> ModelLoadError:
+    """A weights file that could not be loaded, named: unreadable (truncated, corrupt), or of
+    other names and shapes than its config (a ValueError from a strict load)."""
+    detail = _first_line(e).replace("[load_safetensors] ", "").replace(
+        " Perhaps an incomplete download or corrupt file?", "")
+    if isinstance(e, ValueError):
+        return ModelLoadError(f"the weights file {str(file)!r} does not match its config ({detail})")
+    return ModelLoadError(f"the weights file {str(file)!r} is truncated or corrupt ({detail}); re-download or"
+                          " re-export it")

@@ -4,14 +4,14 @@ A model directory is mlx-lm's format: config.json, *.safetensors, tokenizer file
 the target unchanged; gmlx then looks for a drafter head, first found wins:
 
 1. gmlx's own head beside the weights: `mtp_config.json` + `mtp_head.safetensors`
-   (`gmlx.models.mtp`; with a reduced draft vocabulary: `gmlx.models.draft_vocab`), drafter
-   kind "mtp"; a conversion of a GGUF file gmlx trained a head for (`gmlx.models.smollm2`)
+   (`gmlx.heads.mtp_head`; with a reduced draft vocabulary: `gmlx.heads.draft_vocab`), drafter
+   kind "mtp"; a conversion of a GGUF file gmlx trained a head for (`gmlx.gguf.smollm2`)
    gets that shipped head when it has none beside it;
-2. the checkpoint's own MTP layer, which mlx-lm drops (`gmlx.models.native_mtp`): kind
+2. the checkpoint's own MTP layer, which mlx-lm drops (`gmlx.heads.native_mtp`): kind
    "native-mtp:deepseek_v3" (`model.layers.{N}.*`) or "native-mtp:qwen3_next" (`mtp.*`);
 3. none: the model still loads and decodes plain.
 
-`LoadedModel.head` is the *bound* head (`gmlx.models.heads.BoundHead`) or None. gmlx's
+`LoadedModel.head` is the *bound* head (`gmlx.heads.bound.BoundHead`) or None. gmlx's
 optional defaults in config.json: `speculative_width_cap`, `num_draft_tokens`; without a cap,
 the family default applies (`gmlx.models.family`).
 """
@@ -26,13 +26,15 @@ from pathlib import Path
 import mlx.core as mx
 
 from gmlx.errors import ModelLoadError
-from gmlx.models import family, smollm2
-from gmlx.models.adapter import Target
-from gmlx.models.checkpoint import Checkpoint
-from gmlx.models.heads import POST_NORM, BoundHead
-from gmlx.models.draft_vocab import build_head
-from gmlx.models.mtp import MTPHead
-from gmlx.models.native_mtp import BoundNativeHead, load_native_head
+from gmlx.gguf import smollm2
+from gmlx.models import family
+from gmlx.models.adapter import POST_NORM, Target
+from gmlx.weights import DEFAULT_MODEL
+from gmlx.models.checkpoint import Checkpoint, load_beside, weights_error
+from gmlx.heads.bound import BoundHead
+from gmlx.heads.draft_vocab import build_head
+from gmlx.heads.mtp_head import MTPHead
+from gmlx.heads.native_mtp import BoundNativeHead, load_native_head
 
 DEFAULT_K = 3  # when a model ships no measured default
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
@@ -40,7 +42,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken
 
 def default_model_path() -> Path:
     """The embedded default model's directory (shipped inside the package)."""
-    return Path(__file__).resolve().parent / "default_model"
+    return DEFAULT_MODEL
 
 
 @dataclass
@@ -123,41 +125,6 @@ def check_model_dir(path: Path) -> None:
         raise ModelLoadError(f"{str(path)!r} is not an mlx-lm model directory: missing {', '.join(missing)}")
 
 
-def load_beside(path: str | Path, config_name: str, weights_name: str, build):
-    """A module stored beside a model as `config_name` (JSON, given to `build`) and `weights_name`
-    (safetensors, loaded strictly); None when either file is absent."""
-    p = Path(path)
-    cfg_file, w_file = p / config_name, p / weights_name
-    if not cfg_file.is_file() or not w_file.is_file():
-        return None
-    try:
-        module = build(json.loads(cfg_file.read_text()))
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ModelLoadError(f"{str(cfg_file)!r} is not a valid head config ({_first_line(e)})") from None
-    try:
-        module.load_weights(str(w_file), strict=True)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise weights_error(w_file, e) from None
-    module.eval()
-    mx.eval(module.parameters())  # sync: materialise weights at load time
-    return module
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
-def weights_error(file: Path, e: BaseException) -> ModelLoadError:
-    """A weights file that could not be loaded, named: unreadable (truncated, corrupt), or of
-    other names and shapes than its config (a ValueError from a strict load)."""
-    detail = _first_line(e).replace("[load_safetensors] ", "").replace(
-        " Perhaps an incomplete download or corrupt file?", "")
-    if isinstance(e, ValueError):
-        return ModelLoadError(f"the weights file {str(file)!r} does not match its config ({detail})")
-    return ModelLoadError(f"the weights file {str(file)!r} is truncated or corrupt ({detail}); re-download or"
-                          " re-export it")
-
-
 def _unreadable_weights(path: Path) -> Path | None:
     """The first *.safetensors file in `path` whose header or size is inconsistent (a truncated or
     corrupt file), read from headers only; None when every file looks whole."""
@@ -178,7 +145,7 @@ def _unreadable_weights(path: Path) -> Path | None:
 
 def load_head(path: Path) -> MTPHead | None:
     """gmlx's own head (unbound), or None when the directory has none; with a reduced draft
-    vocabulary when its config names one (`gmlx.models.draft_vocab`)."""
+    vocabulary when its config names one (`gmlx.heads.draft_vocab`)."""
     return load_beside(path, "mtp_config.json", "mtp_head.safetensors", build_head)
 
 
@@ -190,7 +157,7 @@ PACKAGED = {"smollm2": smollm2.gguf_path}
 def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) -> LoadedModel:
     """Load a local mlx-lm model directory (default: the embedded model) and its drafter head,
     if any (`drafter=False` skips looking: plain decoding only). A `.gguf` file is converted once
-    into a cache directory (`gmlx.models.gguf.cached_conversion`) and loaded from there.
+    into a cache directory (`gmlx.gguf.convert.cached_conversion`) and loaded from there.
     `prepare(model)` runs on the mlx-lm model before its weights are read (tensor-parallel
     sharding: gmlx/distributed), so only what it keeps is ever materialised."""
     import mlx_lm
@@ -200,7 +167,7 @@ def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) 
     if str(path) in PACKAGED and not p.exists():  # a model shipped by a package, by its short name
         p = PACKAGED[str(path)]()
     if p.suffix.lower() == ".gguf" and not p.is_dir():
-        from gmlx.models.gguf import cached_conversion
+        from gmlx.gguf.convert import cached_conversion
 
         p = cached_conversion(p)
     check_model_dir(p)

@@ -1,10 +1,10 @@
 """`gmlx serve`: an OpenAI-compatible HTTP server on the engine (Starlette + uvicorn).
 
 The only part of gmlx that imports a web framework; `import gmlx` never imports it (install the
-`serve` extra: `pip install "gmlx[serve]"`). Parts: protocol.py (requests, validation, errors),
-responses.py (bodies, chunks, server-sent events), bridge.py (engine streams -> the event loop),
-metrics.py (Prometheus), app.py (routes), server.py (uvicorn, signals), loadgen.py (a load
-generator over HTTP for the load test and benchmark).
+`serve` extra: `pip install "gmlx[serve]"`). Parts: openai_wire.py (requests, validation, errors),
+prediction_wire.py (predicted outputs), responses.py (bodies, chunks, server-sent events),
+bridge.py (engine streams -> the event loop), prometheus.py (metrics), app.py (routes), server.py
+(uvicorn, signals), loadgen.py (a load generator over HTTP for the load test and benchmark).
 """
 
 from gmlx.serve.app import create_app

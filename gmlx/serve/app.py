@@ -5,7 +5,7 @@
 | POST /v1/completions, /v1/chat/completions | generate; `stream: true` answers with server-sent events |
 | GET /v1/models | the one served model |
 | GET /health | 200 {"status": "ok", running, waiting, MLX memory, prompt cache bytes}; 503 once closing |
-| GET /metrics | Prometheus text format (gmlx/serve/metrics.py) |
+| GET /metrics | Prometheus text format (gmlx/serve/prometheus.py) |
 
 With an API key, the /v1 routes need `Authorization: Bearer KEY` (401 otherwise); /health and
 /metrics stay open, as in vLLM (bind to localhost, the default, to keep them private).
@@ -37,8 +37,8 @@ from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.errors import EngineClosed, GmlxError, InvalidRequest, Overloaded
 from gmlx.finish import FinishReason
 from gmlx.serve.bridge import EventStream, Pumps, watch_disconnect
-from gmlx.serve.metrics import CONTENT_TYPE, ServeMetrics
-from gmlx.serve.protocol import ApiError, GenRequest, bad, parse_chat, parse_completion
+from gmlx.serve.prometheus import CONTENT_TYPE, ServeMetrics
+from gmlx.serve.openai_wire import ApiError, GenRequest, bad, parse_chat, parse_completion
 from gmlx.serve.responses import DONE, Reply, sse
 
 MAX_BODY_BYTES = 1 << 20

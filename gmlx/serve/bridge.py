@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 
-from gmlx.engine.row import Piece
+from gmlx.row import Piece
 from gmlx.engine.stream import FinalRecord, Stream
 
 

@@ -25,9 +25,9 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.engine.intake import tokenize
 from gmlx.finish import COMPLETE
 from gmlx.serve import Background, create_app
+from gmlx.engine.memory import memory_now, settle
+from gmlx.engine.oracle import compare_streams, run_scalar
 from gmlx.switches import WIDTH_CAP
-from gmlx.testing import compare_streams, run_scalar
-from gmlx.testing.soak import memory_now, settle
 
 TIMEOUT = 120.0  # per request: bounded, generous for a loaded machine
 TEMPERATURES = (0.0, 0.0, 0.5, 0.8, 1.0)

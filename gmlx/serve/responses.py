@@ -21,8 +21,8 @@ import uuid
 from dataclasses import dataclass
 
 from gmlx.engine.stream import FinalRecord
-from gmlx.serve.prediction import completion_details
-from gmlx.serve.protocol import GenRequest
+from gmlx.serve.prediction_wire import completion_details
+from gmlx.serve.openai_wire import GenRequest
 
 DONE = b"data: [DONE]\n\n"
 

@@ -49,7 +49,7 @@ def parse_choices(values: list[str], allowed: tuple[str, ...], option: str) -> l
 def verify_runs(lm, runs) -> tuple[int, int, list[str]]:
     """Every finished gmlx stream against a solo plain run of the same request (docs/design.md §3):
     (checked, near-ties, mismatch lines). Each distinct request is decoded once."""
-    from gmlx.testing import compare_streams, run_scalar
+    from gmlx.engine.oracle import compare_streams, run_scalar
 
     refs: dict = {}
     checked, ties, bad = 0, 0, []

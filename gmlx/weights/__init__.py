@@ -1,0 +1,9 @@
+"""The weights gmlx ships: the embedded default model with its drafters, and the head trained
+for SmolLM2-135M-Instruct's GGUF (package data: pyproject.toml lists them for the wheel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_MODEL = Path(__file__).resolve().parent / "default_model"
+SMOLLM2_HEAD = Path(__file__).resolve().parent / "smollm2"

@@ -1,0 +1,179 @@
+"""Self-distillation data for SmolLM2's drafter: the target's own answers, with its hidden states.
+
+Run: ``nice -n 19 python -m gmlx_training.smollm2_data --out DIR --minutes 35``
+
+The frozen fp32 target (`smollm2.converted("float32")`) answers the prompts of
+`gmlx_training.smollm2_prompts` in left-padded batches (mlx-lm's BatchKVCache); every 4th batch
+samples at T=0.8, the others are greedy. Each batch becomes one shard `DIR/{split}-{n:04d}.npz`:
+
+- tokens [N] int32: the rows' real tokens (prompt, then answer up to and including EOS), concatenated;
+- hidden [N, D] float16: the target's post-norm hidden after each token (its logits are hidden @ E^T);
+- argmax [N] int32: the target's greedy choice for the token after each one (exact, from fp32 logits);
+- starts [R+1] int64: row boundaries; prompt_len [R]; temp [R].
+
+Prefill and decode both give hidden states, so every token the target reads is a training
+position. The run stops when the wall budget is spent (val shards first, then train), so a
+stopped run still leaves whole shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from gmlx import blas
+
+blas.ensure_loaded()
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mlx_lm.models.cache import BatchKVCache  # noqa: E402
+
+from gmlx.gguf import smollm2  # noqa: E402
+from gmlx.models.loading import load  # noqa: E402
+from gmlx_training.smollm2_prompts import build  # noqa: E402
+
+
+def encode(lm, kind: str, text: str, max_len: int) -> list[int]:
+    tok = lm.tokenizer
+    if kind == "chat":
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    else:
+        ids = tok.encode(text)
+    return list(ids)[-max_len:]
+
+
+def generate(target, prompts: list[list[int]], max_new: int, temp: float, eos: set[int]) -> list[dict]:
+    """Batched generation from left-padded prompts; per row its tokens, hidden states and argmaxes."""
+    B, P = len(prompts), max(len(p) for p in prompts)
+    pad = [P - len(p) for p in prompts]
+    x = mx.array(np.array([[0] * d + p for d, p in zip(pad, prompts)], dtype=np.int32))
+    cache = [BatchKVCache(pad) for _ in target.backbone.layers]
+    hid = target.backbone(x, cache=cache)
+    hs, ams, toks = [hid], [], [x]
+    done = np.zeros(B, dtype=bool)
+    ends = np.full(B, P + max_new, dtype=np.int64)
+    for s in range(max_new):
+        logits = target.lm_head(hs[-1])
+        ams.append(mx.argmax(logits, axis=-1).astype(mx.int32))
+        last = logits[:, -1, :]
+        nxt = ams[-1][:, -1] if temp == 0 else mx.random.categorical(last / temp).astype(mx.int32)
+        toks.append(nxt[:, None])
+        nx = np.array(nxt)  # sync: EOS bookkeeping, once a step
+        for b in np.nonzero(~done & np.isin(nx, list(eos)))[0]:
+            done[b], ends[b] = True, P + s + 1
+        if done.all() or s == max_new - 1:
+            break
+        hs.append(target.backbone(nxt[:, None], cache=cache))
+    hidden = mx.concatenate(hs, axis=1).astype(mx.float16)
+    argmax = mx.concatenate(ams, axis=1)
+    tokens = mx.concatenate(toks, axis=1)
+    mx.eval(hidden, argmax, tokens)  # sync: the batch's results go to disk
+    hidden, argmax, tokens = np.array(hidden), np.array(argmax), np.array(tokens)
+    rows = []
+    for b in range(B):
+        end = min(int(ends[b]), tokens.shape[1], hidden.shape[1])
+        rows.append({"tokens": tokens[b, pad[b] : end], "hidden": hidden[b, pad[b] : end],
+                     "argmax": argmax[b, pad[b] : end], "prompt_len": len(prompts[b]), "temp": temp})
+    return rows
+
+
+def teacher_forced(target, windows: list[list[int]]) -> list[dict]:
+    """Rows of the same length read in one forward: no answer, every position is prompt."""
+    x = mx.array(np.array(windows, dtype=np.int32))
+    hid = target.backbone(x)
+    argmax = mx.argmax(target.lm_head(hid), axis=-1).astype(mx.int32)
+    hid = hid.astype(mx.float16)
+    mx.eval(hid, argmax)  # sync: the batch's results go to disk
+    hid, argmax = np.array(hid), np.array(argmax)
+    return [{"tokens": np.array(w, dtype=np.int32), "hidden": hid[b], "argmax": argmax[b], "prompt_len": len(w),
+             "temp": -1.0} for b, w in enumerate(windows)]
+
+
+def corpus_windows(lm, seq: int, seed: int):
+    """Endless random `seq`-token windows: standard-library code (training files) 3 of 4, CMake's
+    reStructuredText help pages (prose) 1 of 4."""
+    from gmlx_training.train_default import corpus_files, read, split_files
+
+    code = split_files(corpus_files())[0]
+    prose = sorted(Path("/usr/share").glob("cmake*/Help/**/*.rst"))
+    rng = np.random.default_rng(seed)
+    while True:
+        pool = prose if prose and rng.random() < 0.25 else code
+        ids = lm.tokenizer.encode(read(pool[rng.integers(len(pool))]))
+        if len(ids) > seq:
+            s = int(rng.integers(0, len(ids) - seq))
+            yield ids[s : s + seq]
+
+
+def save_shard(path: Path, rows: list[dict]) -> int:
+    starts = np.cumsum([0] + [len(r["tokens"]) for r in rows])
+    np.savez(path, tokens=np.concatenate([r["tokens"] for r in rows]).astype(np.int32),
+             hidden=np.concatenate([r["hidden"] for r in rows]), argmax=np.concatenate([r["argmax"] for r in rows]),
+             starts=starts, prompt_len=np.array([r["prompt_len"] for r in rows]),
+             temp=np.array([r["temp"] for r in rows], dtype=np.float32))
+    return int(starts[-1])
+
+
+def load_shards(dirs: list[Path], split: str) -> list[dict]:
+    return [dict(np.load(f)) for d in dirs for f in sorted(Path(d).glob(f"{split}-*.npz"))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--minutes", type=float, default=35.0)
+    ap.add_argument("--val-batches", type=int, default=4, help="held-out shards (half code, half chat)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--max-new", type=int, default=160)
+    ap.add_argument("--max-prompt", type=int, default=320)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corpus", action="store_true", help="teacher-forced text windows instead of answers")
+    ap.add_argument("--corpus-seq", type=int, default=256)
+    a = ap.parse_args(argv)
+    mx.random.seed(a.seed)
+    a.out.mkdir(parents=True, exist_ok=True)
+    lm = load(smollm2.converted("float32"), drafter=False)
+    target, eos = lm.target, lm.eos_ids
+    target.model.freeze()
+    prompts = build(a.seed)
+    plan = []  # (split, kind, [ids]) batches, prompts sorted by length within a kind to limit padding
+    for split in ("val", "train"):
+        per_kind = {}
+        for kind in ("code", "chat"):
+            ids = [encode(lm, kind, t, a.max_prompt) for t in prompts[split][kind]]
+            order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+            chunks = [[ids[i] for i in order[j : j + a.batch]] for j in range(0, len(order), a.batch)]
+            np.random.default_rng(a.seed).shuffle(chunks)
+            per_kind[kind] = chunks
+        n = a.val_batches // 2 if split == "val" else max(len(c) for c in per_kind.values())
+        for j in range(n):
+            for kind in ("code", "chat"):
+                if j < len(per_kind[kind]):
+                    plan.append((split, kind, per_kind[kind][j]))
+    if a.corpus:  # teacher forcing on text instead of answers (several times cheaper per token here)
+        it = corpus_windows(lm, a.corpus_seq, a.seed + 1)
+        plan = [("train", "corpus", None)] * 100_000  # windows drawn when their batch runs
+    t0, log, counts = time.time(), [], {"val": 0, "train": 0}
+    for i, (split, kind, batch) in enumerate(plan):
+        if time.time() - t0 > a.minutes * 60:
+            break
+        temp = 0.8 if i % 4 == 3 and kind != "corpus" else 0.0
+        tb = time.time()
+        batch = batch if batch is not None else [next(it) for _ in range(a.batch)]
+        rows = teacher_forced(target, batch) if kind == "corpus" else generate(target, batch, a.max_new, temp, eos)
+        n = save_shard(a.out / f"{split}-{counts[split]:04d}.npz", rows)
+        counts[split] += 1
+        log.append({"split": split, "kind": kind, "temp": temp, "rows": len(rows), "tokens": n, "s": time.time() - tb})
+        total = sum(e["tokens"] for e in log)
+        print(f"{split} {kind} T={temp} rows {len(rows)} tokens {n} in {log[-1]['s']:.0f}s;"
+              f" total {total} tokens, {(time.time() - t0) / 60:.1f} min, {total / (time.time() - t0):.0f} tok/s",
+              flush=True)
+    (a.out / "data_log.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+                                                      "batches": log}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
