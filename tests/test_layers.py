@@ -4,7 +4,7 @@ Every module's imports are read with `ast` (those inside functions and under TYP
 a lazy import is still a dependency). A module may import its own layer or a lower one; the
 layers, lowest first (docs/design.md §4):
 
-    foundations   errors, timing, compiled, blas, machine, config, data (prompts), weights
+    foundations   errors, switches, finish, timing, compiled, blas, machine, config, data (prompts), weights
     pieces        recurrent, processors, sampling, kv, prompt_cache, request_stats, row, trace
     models        the target: adapter, family, checkpoint, dequantized, gated_delta, forward
     heads, gguf   drafter heads; the GGUF reader and converter
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gmlx"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "timing", "compiled", "blas", "machine", "config", "data", "weights"),
+    ("errors", "switches", "finish", "timing", "compiled", "blas", "machine", "config", "data", "weights"),
     ("recurrent", "processors", "sampling", "kv", "prompt_cache", "request_stats", "row", "trace"),
     ("models",),
     ("heads", "gguf"),
