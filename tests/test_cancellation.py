@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from engine_helpers import active_memory, check_solo, drive, engine, P, solo
+from engine_helpers import active_memory, check_solo, drive, engine, P, solo, waiting
 from gmlx.kv import cache_nbytes
 from gmlx.engine.metrics import EventKind
 from gmlx.policy.admission import Mode
@@ -50,9 +50,9 @@ class ReapSpy:
         self.eng, self.real, self.rid, self.at = eng, eng._reap_cancelled, None, None
         eng._reap_cancelled = self
 
-    def __call__(self):
+    def __call__(self, cancelled):
         before = footprint(self.eng)
-        self.real()
+        self.real(cancelled)
         if self.at is None and self.rid is not None and self.eng.service.stream(self.rid) is None:
             self.at = (before, footprint(self.eng))  # the call that ended it (its stream is closed)
 
@@ -77,7 +77,7 @@ def _cancel(eng, ctx, rid, *, during_step: bool):
 def queued(eng, ctx):
     def before(run):
         if run.step_no == 4 and "rid" not in ctx:
-            ctx["reached"] = run.rid("b") in [r.rid for r in eng.service.queued_rows()] and eng.mode is Mode.SCALAR
+            ctx["reached"] = waiting(eng, run.rid("b")) and eng.mode is Mode.SCALAR
             _cancel(eng, ctx, run.rid("b"), during_step=False)
     return before
 
