@@ -66,8 +66,9 @@ def waiting(eng: Engine, rid: int) -> bool:
     return eng.service.stream(rid) is not None and all(r.rid != rid for r in eng.live_rows())
 
 
-def engine(lm, cap: int | None, *, preempt: bool = True, resume: bool = True, **config) -> Engine:
-    return Engine(lm, EngineConfig(width_cap=cap, **config), switches=Switches(preempt=preempt, resume=resume))
+def engine(lm, cap: int | None, *, preempt: bool = True, resume: bool = True, peers=None, **config) -> Engine:
+    return Engine(lm, EngineConfig(width_cap=cap, **config), switches=Switches(preempt=preempt, resume=resume),
+                  peers=peers)
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""The engine: one step at a time (engine.py), as a thread-safe service (service.py), over the
-Row record (row.py), request intake, streams and metrics."""
+"""The engine: one step at a time (engine.py) over the two decode lanes (lanes.py), as a
+thread-safe service (service.py), meeting any other process that runs it at one seam (peers.py);
+over the Row record (row.py), request intake, streams and metrics."""
 
 __all__ = ["Engine"]
 
