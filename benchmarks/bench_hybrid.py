@@ -378,7 +378,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for fam in a.families.split(","):
             lm = load(write_checkpoint(Path(tmp) / fam, fam))
-            assert lm.can_speculate, lm.rollback_blockers
+            assert lm.has_drafter and lm.can_rollback, lm.rollback_blockers
             print(f"== {fam}", flush=True)
             fam_out = {"verify": verify_overhead(lm.target, widths, ks, a.reps, a.inner)}
             if a.scalar_reps:

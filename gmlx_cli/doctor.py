@@ -10,25 +10,22 @@ import typer
 import gmlx
 from gmlx import blas
 from gmlx.config import EngineConfig, Switches
-from gmlx.errors import GmlxError
 from gmlx_cli import ui
 from gmlx_cli.loader import loader
 from gmlx_cli.options import DebugOpt, DrafterOpt, DraftModelOpt, ModelOpt
 
 
 def _width_cap(engine) -> tuple[str, str]:
-    """The cap the engine starts with and where it comes from (the engine's own resolution)."""
-    try:
-        d = engine.cap_decision()
-    except GmlxError as e:  # a bad switch or config is worth showing here, not worth aborting the report
-        return "invalid", ui.one_line(str(e))
+    """The cap the engine starts with and where it comes from (the engine's own resolution; a
+    bad switch or config already stopped the engine's start)."""
+    d = engine.cap_in_force
     return d.text, d.source + (f"; {d.notice}" if d.notice else "")
 
 
 def _k_by_width(engine) -> str:
     """The K ceiling that runs at each width (explicit, user config / sweep-cap, or the model's
     default), and where it comes from: what `generate -v` and bench's rounds then show."""
-    d = engine.caps.current
+    d = engine.cap_in_force
     ks = ", ".join(f"width {w}: {engine.spec.ceiling(w)}" for w in (1, 2, 4, 8))
     src = ("user config (sweep-cap --write)" if d.k_by_width else f"model default ({engine.lm.default_k})")
     return f"{ks} ({src}; the online control may run fewer, or none)"

@@ -82,6 +82,7 @@ def serve(
         from gmlx.engine import Engine  # mlx-lm: imported when serving, not for --help
 
         engine = cluster.engine(lm, config) if cluster else Engine(lm, config)
+        engine.service.start()  # now, not at the first request: an idle rank 0 beats to the other ranks
         for line in engine.notices:
             ui.notice(line)
         app = create_app(engine, model_name=served_model_name, api_key=api_key)

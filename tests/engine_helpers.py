@@ -53,8 +53,22 @@ def with_eos(lm, eos_ids):
     return out
 
 
-def engine(lm, cap: int | None, *, preempt: bool = True, resume: bool = True, **config) -> Engine:
-    return Engine(lm, EngineConfig(width_cap=cap, **config), switches=Switches(preempt=preempt, resume=resume))
+def speculates(lm) -> bool:
+    """Whether an engine on this model speculates by default (the engine's own drafter choice)."""
+    from gmlx.drafters.select import choose
+
+    return choose(lm, EngineConfig()).drafter is not None
+
+
+def waiting(eng: Engine, rid: int) -> bool:
+    """Whether request `rid` waits in the queue between steps: its stream is open and no lane
+    holds it."""
+    return eng.service.stream(rid) is not None and all(r.rid != rid for r in eng.live_rows())
+
+
+def engine(lm, cap: int | None, *, preempt: bool = True, resume: bool = True, peers=None, **config) -> Engine:
+    return Engine(lm, EngineConfig(width_cap=cap, **config), switches=Switches(preempt=preempt, resume=resume),
+                  peers=peers)
 
 
 @dataclass

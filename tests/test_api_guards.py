@@ -24,7 +24,7 @@ LM_WITHOUT_EOS = True  # budgets (and cancels) alone end these requests: see con
 
 
 def untouched(eng):
-    assert not eng.service.queued_rows() and not eng.service.open_streams and eng.service.thread is None and eng.mode is Mode.IDLE
+    assert not eng.service.queued and not eng.service.open_streams and eng.service.thread is None and eng.mode is Mode.IDLE
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_a_full_queue_refuses_and_loses_nothing(lm, prompts):
     streams = [eng.submit(p, sp, start=False) for p, sp in reqs]
     with pytest.raises(Overloaded, match="max_queued=3"):
         eng.submit(prompts[4], P(4))
-    assert issubclass(Overloaded, GmlxError) and len(eng.service.queued_rows()) == 3 and eng.service.thread is None
+    assert issubclass(Overloaded, GmlxError) and eng.service.queued == 3 and eng.service.thread is None
     while eng.has_work:
         eng.step()
     for s, (p, sp) in zip(streams, reqs):
@@ -144,7 +144,7 @@ def check_closed(eng, streams, reqs):
         prompt, sp = reqs[label]  # a stream does not depend on its budget: compare with a short solo
         short = dataclasses.replace(sp, max_tokens=max(1, len(rec.tokens)))
         same_stream(eng.lm, prompt, solo(eng.lm, prompt, short)[: len(rec.tokens)], rec.tokens, short)
-    assert eng.scalar.seq is None and eng.batch.rows == [] and eng.batch.cache == [] and not eng.service.queued_rows()
+    assert eng.scalar.seq is None and eng.batch.rows == [] and eng.batch.cache == [] and not eng.service.queued
     assert eng.mode is Mode.IDLE and not eng.service.open_streams
     with pytest.raises(EngineClosed):
         eng.submit([5, 6, 7], P(4))
@@ -171,7 +171,7 @@ def test_close_ends_live_and_queued_streams_and_frees_memory(lm, prompts, where)
     for _ in range(3):
         eng.step()
     expected = {"scalar+queued": (Mode.SCALAR, 2), "batched": (Mode.BATCHED, 0), "gated": (Mode.GATED, 0)}[where]
-    assert (eng.mode, len(eng.service.queued_rows())) == expected
+    assert (eng.mode, eng.service.queued) == expected
     eng.close()
     check_closed(eng, streams, reqs)
     assert streams["a"].result.tokens  # it was mid-stream

@@ -13,9 +13,10 @@ from typing import Callable
 
 import pytest
 
-from engine_helpers import active_memory, check_solo, drive, engine, P, solo
+from engine_helpers import active_memory, check_solo, drive, engine, P, solo, waiting
 from gmlx.kv import cache_nbytes
 from gmlx.engine.metrics import EventKind
+from gmlx.engine.peers import Alone
 from gmlx.policy.admission import Mode
 from gmlx.engine.oracle import make_row
 
@@ -43,18 +44,22 @@ def footprint(eng) -> dict:
                 scalar=None if eng.scalar.seq is None else eng.scalar.seq.row.rid)
 
 
-class ReapSpy:
-    """Wraps Engine._reap_cancelled: the footprint just before and after the call that ended `rid`."""
+class ReapWatch(Alone):
+    """The engine's peers (gmlx/engine/peers.py), given to it as a parameter: the footprint just
+    before and after the step's decision that ended `rid` (a decision reaps the step's
+    cancellations, then plans; planning changes no footprint)."""
 
-    def __init__(self, eng):
-        self.eng, self.real, self.rid, self.at = eng, eng._reap_cancelled, None, None
-        eng._reap_cancelled = self
+    def __init__(self):
+        self.eng, self.rid, self.at = None, None, None
 
-    def __call__(self):
-        before = footprint(self.eng)
-        self.real()
-        if self.at is None and self.rid is not None and self.eng.service.stream(self.rid) is None:
-            self.at = (before, footprint(self.eng))  # the call that ended it (its stream is closed)
+    def agree(self, take, decide):
+        def watched(inputs):
+            before = footprint(self.eng)
+            plan = decide(inputs)
+            if self.at is None and self.rid is not None and self.eng.service.stream(self.rid) is None:
+                self.at = (before, footprint(self.eng))  # the decision that ended it (its stream is closed)
+            return plan
+        return super().agree(take, watched)
 
 
 @dataclass
@@ -77,7 +82,7 @@ def _cancel(eng, ctx, rid, *, during_step: bool):
 def queued(eng, ctx):
     def before(run):
         if run.step_no == 4 and "rid" not in ctx:
-            ctx["reached"] = run.rid("b") in [r.rid for r in eng.service.queued_rows()] and eng.mode is Mode.SCALAR
+            ctx["reached"] = waiting(eng, run.rid("b")) and eng.mode is Mode.SCALAR
             _cancel(eng, ctx, run.rid("b"), during_step=False)
     return before
 
@@ -162,9 +167,9 @@ def test_cancel_in_every_state(lm, prompts, name):
     for reqs in arrivals.values():  # references first: the memory baseline is taken after them
         for _, prompt, sp in reqs:
             solo(lm, prompt, sp)
-    eng = engine(lm, case.cap, preempt=case.preempt, prompt_cache_bytes=0)
+    spy = ReapWatch()
+    eng = spy.eng = engine(lm, case.cap, preempt=case.preempt, prompt_cache_bytes=0, peers=spy)
     ctx = {}
-    spy = ReapSpy(eng)
     before_hook = case.hook(eng, ctx)
 
     def before(run):

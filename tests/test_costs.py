@@ -88,11 +88,15 @@ def test_it_stops_drafting_once_rounds_show_it_loses(lm, prompts):
     assert 0 < row.stats.num_rounds <= MIN_ROUNDS_TO_STOP + 1  # it drafted, then gave up
 
 
-def test_the_engine_follows_a_calibrated_plain_width_one(lm, prompts, monkeypatch):
+def test_the_engine_follows_a_calibrated_plain_width_one(lm, prompts, monkeypatch, tmp_path):
     """num_draft_tokens_by_width {1 = 0} (sweep-cap measured that a lone request loses): lone
     requests decode plain; a batch still speculates within the cap."""
+    from gmlx.policy.caps import DEFAULT_MODEL_KEY, write_cap
+
+    monkeypatch.setenv("GMLX_CONFIG", str(tmp_path / "config.toml"))
+    write_cap(DEFAULT_MODEL_KEY, 0, k_by_width={1: 0, 2: 3})  # as sweep-cap --write would
     eng = engine(lm, 0)
-    monkeypatch.setattr(eng, "_k_for", lambda width: 0 if width == 1 else 3)
+    assert [eng.spec.ceiling(w) for w in (1, 2)] == [0, 3]
     run = drive(eng, {0: [("a", prompts[8], P(12, seed=1))]})
     assert all(d == 0 for _, e in run.rounds() for _, d, _, _ in e.rows)
     eng.close()

@@ -125,7 +125,7 @@ def test_single_sequence_drafter_is_held_to_width_one(lm, prompts):
         max_width = 1
 
     eng = Engine(lm, EngineConfig(width_cap=0), switches=Switches(), drafter=OneRow(lm.head, lm.target.hidden_size))
-    assert eng.cap() == 1 and any("lowered to 1" in n for n in eng.notices), eng.notices
+    assert eng.cap_in_force.cap == 1 and any("lowered to 1" in n for n in eng.notices), eng.notices
     arrivals = {0: [(0, prompts[9], P(0, 30, "greedy"))], 3: [(1, prompts[10], P(1, 10, "mixed"))]}
     run = drive(eng, arrivals)
     check_solo(lm, run)

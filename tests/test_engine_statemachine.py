@@ -23,6 +23,7 @@ from engine_helpers import solo, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.engine.metrics import EventKind
+from gmlx.kv import row_lengths
 from gmlx.row import ALLOWED, RowState
 from gmlx.policy.admission import Mode
 from numerics import compare_tokens
@@ -84,8 +85,8 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
             os.environ[ENV] = str(cap)
 
         def _step(self):
-            cap = self.eng.cap()
             events = self.eng.step()
+            cap = self.eng.cap_in_force.cap  # the decision this step's rounds ran under
             for e in events:
                 if e.kind is EventKind.TRANSITION:
                     tally["transitions"].add(e.transition)
@@ -108,7 +109,9 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
         def states_follow_allowed_and_mode(self):
             eng = self.eng
             live = eng.live_rows()
-            seen = {r.rid: r.state for r in list(eng.service.queued_rows()) + live}
+            seen = {r.rid: r.state for r in live}
+            waiting = [rid for rid, (_, _, s) in self.reqs.items() if not s.done and rid not in seen]
+            assert eng.service.queued == len(waiting)  # every open request no lane holds is queued
             for rid, (_, _, s) in self.reqs.items():
                 if s.done:
                     seen[rid] = RowState.DONE
@@ -116,7 +119,7 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
                 old = self.state_of.get(rid, RowState.QUEUED)
                 assert state is old or state in ALLOWED[old], f"row {rid}: {old} -> {state}"
                 self.state_of[rid] = state
-            assert all(r.state is RowState.QUEUED for r in eng.service.queued_rows())
+            assert all(self.state_of.get(rid, RowState.QUEUED) is RowState.QUEUED for rid in waiting)
             expect = {Mode.SCALAR: RowState.SCALAR, Mode.BATCHED: RowState.BATCHED, Mode.GATED: RowState.GATED}
             if eng.mode is Mode.IDLE:
                 assert not live and not eng.batch.rows and eng.scalar.seq is None
@@ -138,7 +141,7 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
                 extra = 1 if eng.batch.lookahead is not None else 0
                 assert eng.batch.lookahead is None or eng.mode is Mode.GATED
                 want = [len(r.prompt) + len(r.tokens) - 1 + extra for r in eng.batch.rows]
-                assert list(eng.batch.kv_lengths()) == want, (eng.mode.value, extra, want)
+                assert list(row_lengths(eng.batch.cache)) == want, (eng.mode.value, extra, want)
 
         @invariant()
         def per_row_state_sized_to_the_batch(self):

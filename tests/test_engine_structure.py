@@ -7,7 +7,8 @@ plain references, so a structural pass never hides a content failure.
 
 import pytest
 
-from engine_helpers import check_solo, drive, engine, P, solo
+from engine_helpers import check_solo, drive, engine, P, solo, waiting
+from gmlx.kv import row_lengths
 from gmlx.engine.metrics import EventKind
 from gmlx.policy.admission import Mode
 
@@ -89,7 +90,7 @@ def test_resume_sequence_and_capture_round(lm, prompts):
         if run.step_no:
             state[run.step_no - 1] = (eng.mode, eng.batch.lookahead is not None,
                                       [(len(r.prompt), len(r.tokens)) for r in eng.batch.rows],
-                                      list(eng.batch.kv_lengths()), eng.batch.armed)
+                                      list(row_lengths(eng.batch.cache)), eng.batch.armed)
 
     run = drive(eng, {0: reqs}, before_step=watch)
     check_solo(lm, run)
@@ -213,19 +214,18 @@ def test_resume_off_keeps_drained_batch_plain(lm, prompts, cap, arrive):
 @pytest.mark.parametrize("cap", [0, 1])
 def test_preempt_order_and_continuity(lm, prompts, cap):
     eng = engine(lm, cap)
-    seen = {}
-    real_preempt = eng._preempt
+    before = {}  # step -> the scalar request's state at its start (a preempt is a step's first act)
 
-    def spy(plan):
-        row, stream = eng.scalar.seq.row, eng.service.stream(eng.scalar.seq.row.rid)
-        seen.update(emitted=len(row.tokens), delivered=stream.delivered, kv=eng.scalar.seq.cache[0].offset,
-                    prompt=len(row.prompt))
-        real_preempt(plan)
-        seen["preempted"] = row.preempted
+    def watch(run):
+        if eng.mode is Mode.SCALAR:
+            row, stream = eng.scalar.seq.row, eng.service.stream(eng.scalar.seq.row.rid)
+            before[run.step_no] = dict(row=row, emitted=len(row.tokens), delivered=stream.delivered,
+                                       kv=eng.scalar.seq.cache[0].offset, prompt=len(row.prompt))
 
-    eng._preempt = spy
     run = drive(eng, {0: [("a", prompts[20], P(36, 5, 0.8))],
-                      3: [("b", prompts[21], P(12, 1)), ("c", prompts[22], P(14, 2, 0.8))]})
+                      3: [("b", prompts[21], P(12, 1)), ("c", prompts[22], P(14, 2, 0.8))]}, before_step=watch)
+    seen = before[next(i for i, e in run.events() if e.transition == "preempt")]
+    seen["preempted"] = seen["row"].preempted
     check_solo(lm, run)  # the incumbent's stream is continuous across the preempt
     tr = run.transitions()
     assert tr[:2] == ["start_scalar", "preempt"] and (("gate" in tr) == (cap == 1))
@@ -333,7 +333,7 @@ def test_cancel_queued_request(lm, prompts):
 
     def cancel(run):
         if run.step_no == 4:
-            assert eng.service.queued_rows() and run.streams["b"].request_id in [r.rid for r in eng.service.queued_rows()]
+            assert eng.service.queued and waiting(eng, run.rid("b"))
             run.streams["b"].cancel()
 
     run = drive(eng, {0: [("a", prompts[38], P(14))], 2: [("b", prompts[39], P(10, 1)), ("c", prompts[40], P(8, 2))]},

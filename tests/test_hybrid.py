@@ -26,7 +26,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import ArraysCache
 
-from engine_helpers import check_solo, drive, engine, solo, with_eos
+from engine_helpers import check_solo, drive, engine, solo, speculates, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.models.forward import prefill
@@ -85,7 +85,7 @@ def _rec_states(caches) -> list:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_hybrids_can_roll_back(lms, name):
     lm = lms[name]
-    assert lm.can_rollback and lm.can_speculate and lm.rollback_blockers == ()
+    assert lm.can_rollback and speculates(lm) and lm.rollback_blockers == ()
     assert lm.drafter_kind == "native-mtp:qwen3_next"
     assert len(recurrent_layers(lm.target.model)) == 3  # 3 Gated DeltaNet layers of 4, found from the model
     kinds = [type(c).__name__ for c in lm.target.make_cache()]

@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import deepseek_v3, qwen3, qwen3_next
 from mlx_lm.models.cache import KVCache
 
-from engine_helpers import drive, engine, with_eos
+from engine_helpers import drive, engine, speculates, with_eos
 from gmlx import SamplingParams
 from gmlx.errors import NoDrafterError
 from gmlx.kv import RaggedKVCache, trim_rows
@@ -128,12 +128,12 @@ def test_hf_qwen3_next_round_trip_and_rollback(lms, ckpts):
     want = dict(tree_flatten(model.parameters()))
     for k, v in tree_flatten(lm.target.model.parameters()):
         np.testing.assert_allclose(np.array(v), np.array(want[k]), rtol=1e-6, atol=1e-6, err_msg=k)
-    assert lm.can_rollback and lm.rollback_blockers == () and lm.can_speculate
+    assert lm.can_rollback and lm.rollback_blockers == () and speculates(lm)
     blocked = dataclasses.replace(lm, rollback_blockers=("ArraysCache (Mamba2Block: ...)",))
-    assert not blocked.can_speculate
+    assert not speculates(blocked)
     assert "Mamba2Block" in no_rollback_message(blocked) and "without speculation" in no_rollback_message(blocked)
     assert lm.is_moe and lm.default_cap == 1 and "MoE" in lm.cap_source
-    assert lms["ds"].can_rollback and lms["q3"].can_speculate
+    assert lms["ds"].can_rollback and speculates(lms["q3"])
 
 
 def test_checkpoint_without_a_head_loads_plain(lms, ckpts):

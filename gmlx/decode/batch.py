@@ -28,8 +28,8 @@ from gmlx.decode.verify import verified
 from gmlx.row import RoundResult
 from gmlx.drafters.base import DraftPick, Drafter
 from gmlx import trace
+from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
 from gmlx.row import Row
-from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, row_lengths, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
@@ -177,5 +177,3 @@ class BatchLoop:
         attach(results, lps, self.rs)
         return results
 
-    def kv_lengths(self) -> np.ndarray:
-        return row_lengths(self.cache) if self.cache else np.zeros(0, dtype=np.int64)

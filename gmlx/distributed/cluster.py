@@ -83,7 +83,7 @@ class Cluster:
                draft_model: LoadedModel | str | Path | None = None, drafter=None):
         """A new engine on every rank (rank 0 only). A draft model is loaded by every rank from
         the same path; a drafter object lives in one process and cannot be replicated."""
-        from gmlx.distributed.replica import ReplicaEngine
+        from gmlx.distributed.replica import Replica
 
         if not self.leader:
             raise LaunchError(f"rank {self.rank} follows rank 0's engines; only rank 0 builds them")
@@ -95,11 +95,12 @@ class Cluster:
             path = draft_model.path if isinstance(draft_model, LoadedModel) else draft_model
             config = replace(config, draft_model=str(path))
         sid = next(self._sids)
-        engine = ReplicaEngine(lm, config, switches=switches, cluster=self, sid=sid)
+        replica = Replica(lm, config, switches=switches, cluster=self, sid=sid)
+        engine = replica.engine
         self.send(messages.hello(sid, engine.config, engine.switches, messages.fingerprint(lm)),
                   f"starting engine {sid}")
-        self.channel.position = engine.position
-        engine.agree_round_costs()
+        self.channel.position = replica.position
+        replica.agree_round_costs()
         return engine
 
     def send(self, msg: dict, what: str) -> None:
@@ -126,9 +127,7 @@ class Cluster:
     # ---- the other ranks ------------------------------------------------------------------
     def follow(self, lm: LoadedModel) -> int:
         """Serve rank 0's engines until it ends the run; returns the exit code rank 0 sent."""
-        from gmlx.distributed.replica import ReplicaEngine
-
-        engine = None
+        replica = None
         while True:
             self.watchdog.arm("waiting for rank 0's next message")
             try:
@@ -137,32 +136,34 @@ class Cluster:
                 fatal(self.describe(e, "waiting for rank 0"))
             kind = msg["k"]
             if kind == messages.STEP:
-                engine.follow(msg)
+                replica.follow(msg)
                 time.sleep(msg.get("nap", 0))  # rank 0 is idle: wait here, not spinning in the next exchange
             elif kind == messages.HELLO:
-                engine = self._replica(ReplicaEngine, lm, msg)
-                engine.agree_round_costs()
+                replica = self._replica(lm, msg)
+                replica.agree_round_costs()
             elif kind == messages.COSTS:
-                engine.follow_costs(msg)
+                replica.follow_costs(msg)
             elif kind == messages.CLOSE:
-                engine.end_live(FinishReason.CANCELLED, drop_caches=True)
-                engine = None
+                replica.end()
+                replica = None
             else:
                 self.watchdog.disarm()
                 self.channel.closed = True
                 return int(msg["code"])
 
-    def _replica(self, cls, lm: LoadedModel, msg: dict):
+    def _replica(self, lm: LoadedModel, msg: dict):
+        from gmlx.distributed.replica import Replica
+
         if msg["model"] != messages.fingerprint(lm):
             fatal(f"distributed: rank {self.rank} loaded another model than rank 0 (config, drafter head or K"
                   " differ); give every rank the same model directory")
         config, switches = messages.config_of(msg)
         try:
-            engine = cls(lm, config, switches=switches, cluster=self, sid=msg["sid"])
+            replica = Replica(lm, config, switches=switches, cluster=self, sid=msg["sid"])
         except GmlxError as e:
             fatal(f"rank {self.rank}: {e}")
-        self.channel.position = engine.position
-        return engine
+        self.channel.position = replica.position
+        return replica
 
     # ---- messages -------------------------------------------------------------------------
     def describe(self, e: BaseException, where: str) -> str:

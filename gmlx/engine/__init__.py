@@ -1,5 +1,6 @@
-"""The engine: one step at a time (engine.py), as a thread-safe service (service.py), over the
-Row record (gmlx/row.py), request intake, streams and metrics; the stream oracle (oracle.py)."""
+"""The engine: one step at a time (engine.py) over the two decode lanes (lanes.py), as a
+thread-safe service (service.py), meeting any other process that runs it at one seam (peers.py);
+over the Row record (gmlx/row.py), request intake, streams and metrics; the stream oracle (oracle.py)."""
 
 __all__ = ["Engine"]
 

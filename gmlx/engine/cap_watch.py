@@ -36,14 +36,16 @@ class CapWatch:
     def _inputs() -> tuple:
         return switches.WIDTH_CAP.raw(), caps.config_stamp()
 
-    def refresh(self) -> caps.CapDecision:
-        """This round's decision: the previous one unless the env or the config file changed."""
+    def read(self) -> caps.CapDecision:
+        """The next round's decision: the one in force unless the env or the config file changed.
+        The engine puts it in force (`current`) once the round's cancellations are reaped; a
+        distributed rank other than 0 puts rank 0's in force instead and never reads its own."""
         stamp = self._inputs()
         if stamp == self._stamp:
             return self.current
         self._stamp = stamp
         try:
-            self.current = self.decide()
+            return self.decide()
         except ConfigError as e:
             if str(e) not in self._errors:
                 self._errors.add(str(e))

@@ -1,10 +1,11 @@
 """The engine: owns the model, the drafter and the two decode lanes; one step at a time.
 
 `submit()` validates a request completely before touching any state, then queues it; requests
-join between rounds. `gmlx.policy.admission` decides each step's transitions and round; the
-engine applies each transition through one named method (`_apply`'s table) and then runs the
-round. The queue, the streams, the engine thread and shutdown are the service's
-(gmlx/engine/service.py), which the engine holds.
+join between rounds. Each step schedules (`gmlx.policy.admission` plans it from the step's
+inputs), runs (the plan's transitions and round, on the lanes: gmlx/engine/lanes.py) and
+postprocesses (the round's tokens to their streams, finished rows retired). The queue, the
+streams, the engine thread and shutdown are the service's (gmlx/engine/service.py); the other
+processes running the same engine, if any, are met at one seam (`peers`: gmlx/engine/peers.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 from gmlx.config import EngineConfig, SamplingParams, Switches
-from gmlx.decode.batch import BatchLoop
 from gmlx.decode.prefill import Prefiller
 from gmlx.decode.scalar import ScalarLane
 from gmlx.row import RoundResult
@@ -23,8 +23,9 @@ from gmlx.drafters.select import choose
 from gmlx import trace
 from gmlx.engine.cap_watch import CapWatch
 from gmlx.engine.intake import make_row
+from gmlx.engine.lanes import Lanes
 from gmlx.engine.metrics import Counters, Event, EventKind, notify
-from gmlx.row import Row, RowState, transition
+from gmlx.engine.peers import Alone, Inputs, Peers
 from gmlx.engine.service import Service
 from gmlx.engine.speculation import Speculation
 from gmlx.engine.stream import FinalRecord, Stream
@@ -32,25 +33,24 @@ from gmlx.finish import FinishReason
 from gmlx.models.loading import LoadedModel, default_model_path, load
 from gmlx.policy import admission, caps
 from gmlx.policy.admission import Mode, Plan, Round, Transition
+from gmlx.policy.costs import Costs
 from gmlx.prompt_cache import PromptCache
+from gmlx.row import Row
 from gmlx.switches import check as check_switches
 
 
 class Engine:
-    # Each transition is applied by one named method (looked up per step, so tests may spy on it).
-    _APPLY = {Transition.START_SCALAR: "_start_scalar", Transition.FORM_BATCH: "_form_batch",
-              Transition.PREEMPT: "_preempt", Transition.GATE: "_gate", Transition.RESUME: "_resume",
-              Transition.CAPTURE: "_arm"}
-
     def __init__(self, model: LoadedModel | str | Path | None = None, config: EngineConfig | None = None,
                  *, switches: Switches | None = None, draft_model: LoadedModel | str | Path | None = None,
-                 drafter: Drafter | None = None):
+                 drafter: Drafter | None = None, peers: Peers | None = None):
         """`draft_model`: a draft model (loaded or a local path) for the "draft" drafter kind;
         `drafter`: any implementation of the drafter protocol (gmlx.drafters.Drafter),
-        used instead of the model's own."""
+        used instead of the model's own; `peers`: the other processes running this engine
+        (gmlx/distributed builds them; None: this process alone)."""
         check_switches()  # every GMLX_* switch: an invalid value is an error here, at engine start
         self.config = (config or EngineConfig()).validated()
         self.switches = switches if switches is not None else Switches.from_env()
+        self.peers = peers if peers is not None else Alone()
         self.lm = model if isinstance(model, LoadedModel) else load(model)
         choice = choose(self.lm, self.config, draft_model, drafter)
         self.lm = choice.lm or self.lm  # an EAGLE-3 head reads the target through its own view
@@ -64,9 +64,8 @@ class Engine:
         lane, tree = (ScalarLane, {}) if not self.switches.tree else _tree_lane()
         self.scalar = lane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
                            may_go_plain=self.config.num_draft_tokens is None, **tree)
-        self._measure_round_costs()
-        self.batch = BatchLoop(self.lm.target, drafter)
-        self.mode = Mode.IDLE
+        if self.peers.measures_alone:  # else with the peers, once they all have the engine
+            self.measure_round_costs()
         self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
                           + choice.cap_key_suffix)
         # A broken user config or cap variable is an error here, at engine start, not mid-run.
@@ -80,16 +79,19 @@ class Engine:
         self.scalar.control = self.spec.control
         self.prompt_cache = PromptCache(self.config.prompt_cache_bytes) if self.config.prompt_cache_bytes else None
         self.prefiller = Prefiller(self.lm.target, self.prompt_cache, self.config.prefill_step_size)
+        self.lanes = Lanes(self.lm.target, drafter, self.scalar, self.prefiller, self.spec)
         self.counters = Counters()
         self.listeners: list[Callable[[Event], None]] = []
         self._events: list[Event] | None = None  # this step's events, when someone wants them
-        self.service = Service(self, self.config.max_queued, self.speculative)
+        self.service = Service(self, self.config.max_queued, self.speculative, self.peers.heartbeat_s)
 
     # ---- the caller's side (thread-safe) -----------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None, *, start: bool = True) -> Stream:
         """Queue a request (thread-safe); returns its stream. Raises GmlxError on bad input,
         before anything changes. `start=False` leaves the engine thread off (tests drive step())."""
-        return self.service.submit(make_row(self.lm, prompt, params), start)
+        row = make_row(self.lm, prompt, params)
+        self.peers.accept(row)
+        return self.service.submit(row, start)
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> FinalRecord:
         self.service.check_not_engine_thread("generate()")
@@ -101,8 +103,33 @@ class Engine:
     def close(self) -> None:
         """End live and queued streams ("cancelled"), join the engine thread, drop every cache."""
         self.service.close()
+        self.peers.closed()
 
-    # ---- one step ----------------------------------------------------------------------
+    @property
+    def cap_in_force(self) -> caps.CapDecision:
+        """The width cap and K per width in force: this round's decision (the engine's start's
+        before its first step): CLI flag > GMLX_MTP_WIDTH_CAP > user config > model default."""
+        return self.caps.current
+
+    def measure_round_costs(self) -> Costs | None:
+        """Time the rounds the lone request chooses between (once per model and drafter, not in a
+        first request's TTFT); None when nothing is chosen from them."""
+        if self.speculative and self.scalar.may_go_plain:
+            return self.scalar.round_costs()
+        return None
+
+    # ---- the lanes ---------------------------------------------------------------------
+    @property
+    def mode(self) -> Mode:
+        return self.lanes.mode
+
+    @property
+    def batch(self):
+        return self.lanes.batch
+
+    def live_rows(self) -> list[Row]:
+        return self.lanes.live_rows()
+
     @property
     def busy(self) -> bool:
         return self.mode is not Mode.IDLE
@@ -111,6 +138,7 @@ class Engine:
     def has_work(self) -> bool:
         return self.busy or self.service.has_queued
 
+    # ---- one step: schedule -> run -> postprocess --------------------------------------
     def step(self) -> list[Event]:
         """One round: reap cancellations, plan, apply the transitions, run the round, retire.
         Returns the step's events (a caller driving the engine reads them)."""
@@ -121,82 +149,62 @@ class Engine:
         self._step(want_events=bool(self.listeners))
 
     def _step(self, want_events: bool) -> list[Event]:
-        trace.begin()
-        self.service.begin_step()
-        self._events = events = [] if want_events else None
-        if self.service.cancel_requested():
-            self._reap_cancelled()
-        caps_now = self._refresh_caps()  # once per round: the env and the user config may change live
-        plan = self._decide(self._view(caps_now.cap))
-        self._apply(plan)
-        trace.mark("admission")
-        self._round(plan.round, steady=not (plan.transitions or plan.admit))
-        self._retire_finished()
-        if events:
-            notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
-        trace.end_round()
+        with self.peers.step():
+            trace.begin()
+            self.service.begin_step()
+            self._events = events = [] if want_events else None
+            # schedule: reap the cancellations, plan (the same plan on every rank of a distributed run)
+            plan = self.peers.agree(self._inputs, self._decide)
+            # run: the plan's transitions and admissions, then its round
+            self._apply(plan)
+            trace.mark("admission")
+            ran = self._round(plan.round, steady=not (plan.transitions or plan.admit))
+            # postprocess: the round's tokens to their streams, finished rows out
+            if ran is not None:
+                self._deliver_round(plan.round, *ran)
+            self._retire_finished()
+            if events:
+                notify(self.listeners, events, self.counters)  # a raising listener is removed, never fatal
+            trace.end_round()
         return events or []
 
-    def _measure_round_costs(self) -> None:
-        """Now (once per model and drafter), not in a first request's TTFT. A replica measures
-        with its peers instead, once they all have the engine (gmlx/distributed)."""
-        if self.speculative and self.scalar.may_go_plain:
-            self.scalar.round_costs()
+    def _inputs(self) -> Inputs:
+        """This process's inputs for the step: the queue's snapshot and the cap decision (read once
+        per round: the env and the user config may change live)."""
+        return Inputs(*self.service.snapshot(), self.caps.read())
 
-    def _refresh_caps(self) -> caps.CapDecision:
-        """This round's cap decision. A replica follows its leader's instead (gmlx/distributed)."""
-        return self.caps.refresh()
+    def _decide(self, inputs: Inputs) -> Plan:
+        """Reap the step's cancellations, put its cap decision in force, plan."""
+        if inputs.cancelled:
+            self._reap_cancelled(inputs.cancelled)
+        self.caps.current = inputs.cap
+        return admission.plan(self._view(inputs.horizon))
 
-    def _decide(self, view: admission.View) -> Plan:
-        """This step's plan. A replica takes it from its leader instead (gmlx/distributed)."""
-        return admission.plan(view)
+    def _view(self, horizon: int) -> admission.View:
+        live = self.live_rows()
+        queued = self.service.queued_through(horizon)
+        batch_width = len(live) if self.mode in (Mode.BATCHED, Mode.GATED) else 0
+        return admission.View(
+            plain_widths=self.spec.plain_widths(batch_width, len(live), queued),
+            plain_why=self.spec.plain_why,
+            mode=self.mode, width=len(live), queued=queued, cap=self.caps.current.cap,
+            speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
+            lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
+            min_remaining=min((r.remaining for r in live), default=0),
+            resume_min_remaining=self.config.resume_min_remaining)
 
     def _emit_event(self, make) -> None:
         """Record an event when someone wants this step's events (`make` builds it only then)."""
         if self._events is not None:
             self._events.append(make())
 
-    def cap_decision(self) -> caps.CapDecision:
-        """The width cap from the current settings: CLI flag > GMLX_MTP_WIDTH_CAP > user config >
-        model default (read now; the engine itself decides once per round: `cap_in_force`)."""
-        return self.caps.decide()
-
-    @property
-    def cap_in_force(self) -> caps.CapDecision:
-        """This round's cap decision (read by listeners on the engine thread)."""
-        return self.caps.current
-
-    def cap(self) -> int | None:
-        """None: off (never speculate in a batch); 0: uncapped; N: speculate while width <= N."""
-        return self.cap_decision().cap
-
-    def _k_for(self, width: int) -> int:
-        return self.caps.k_for(width)
-
-    def _view(self, cap: int | None) -> admission.View:
-        live = self.live_rows()
-        batch_width = len(live) if self.mode in (Mode.BATCHED, Mode.GATED) else 0
-        return admission.View(
-            plain_widths=self.spec.plain_widths(batch_width, len(live), self.service.queued),
-            plain_why=self.spec.plain_why,
-            mode=self.mode, width=len(live), queued=self.service.queued, cap=cap,
-            speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
-            lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
-            min_remaining=min((r.remaining for r in live), default=0),
-            resume_min_remaining=self.config.resume_min_remaining)
-
-    def live_rows(self) -> list[Row]:
-        if self.mode is Mode.SCALAR:
-            return [self.scalar.row] if self.scalar.row is not None else []
-        return list(self.batch.rows)
-
-    # ---- transitions: each a named method, applied in the plan's order -------------------
+    # ---- run: the plan's transitions, in order, then its round ---------------------------
     def _apply(self, plan: Plan) -> None:
         admitted = False
         for t in plan.transitions:
             if t is Transition.CAPTURE:  # the newcomers join first: the capture round arms them too
                 admitted = self._admit_planned(plan)
-            getattr(self, self._APPLY[t])(plan)
+            self.lanes.apply(t, plan, self.service.pop)
             self.counters.transitions[t] += 1
             self._emit_event(lambda: Event(EventKind.TRANSITION, self.mode, len(self.live_rows()), transition=t,
                                            reason=plan.reason))
@@ -207,90 +215,38 @@ class Engine:
         """The plan's queued requests join the batch (start_scalar took its one row itself; a
         second pop would grab a late submit)."""
         if plan.admit and Transition.START_SCALAR not in plan.transitions:
-            self._admit(self.service.pop(plan.admit), plan.arm_newcomers)
+            self.lanes.admit(self.service.pop(plan.admit), plan.arm_newcomers)
         return True
 
-    def _start_scalar(self, plan: Plan) -> None:
-        row = self.service.pop(1)[0]
-        transition(row, RowState.SCALAR)
-        # Up to the calibrated K at width 1 (0: plain), unless the measured costs say no K pays.
-        k = self.scalar.decide(self._k_for(1)) if self.speculative else 0
-        if not k and self.speculative and row.params.prediction:  # its drafts cost no drafter work
-            k = max(1, self._k_for(1))
-        self.scalar.start(row, self.prefiller.prefill(row, want_hidden=k > 0 and self._wants_hidden), max_k=k)
-        self.mode = Mode.SCALAR
-
-    def _form_batch(self, plan: Plan) -> None:
-        self.mode = Mode.BATCHED if plan.arm_newcomers else Mode.GATED
-
-    def _preempt(self, plan: Plan) -> None:
-        """The scalar request joins an unarmed batch with its real emitted count; it keeps batch
-        semantics (greedy drafts) to its end and drops its prompt-cache retirement context."""
-        self.scalar.row.preempted = True
-        transition(self.scalar.row, RowState.GATED)
-        self.batch.add(*self.scalar.evict(), arm=False)
-        self.mode = Mode.GATED
-
-    def _gate(self, plan: Plan) -> None:
-        self.batch.disarm()
-        self._enter(Mode.GATED, RowState.GATED)
-
-    def _resume(self, plan: Plan) -> None:
-        assert self.mode is Mode.GATED and self.batch.lookahead is None, "resume needs a drained, gated batch"
-
-    def _arm(self, plan: Plan) -> None:
-        """This step's round is a capture round: it arms the drafter for every row."""
-        self._enter(Mode.BATCHED, RowState.BATCHED)
-
-    def _enter(self, mode: Mode, state: RowState) -> None:
-        self.mode = mode
-        for r in self.batch.rows:
-            transition(r, state)
-
-    def _admit(self, rows: list[Row], arm: bool) -> None:
-        if not rows:  # the queue emptied since the plan (cancellations)
-            return
-        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=arm and self._wants_hidden)
-        for row in ordered:
-            transition(row, RowState.BATCHED if arm else RowState.GATED)
-        self.batch.add(ordered, cache, pres, arm=arm)
-
-    @property
-    def _wants_hidden(self) -> bool:
-        return self.drafter is not None and self.drafter.needs_hidden
-
-    # ---- the round ---------------------------------------------------------------------
-    def _round(self, kind: Round, steady: bool = True) -> None:
-        """Run the plan's round and emit it. `steady`: no transition or admission ran before it in
+    def _round(self, kind: Round, steady: bool) -> tuple[list[Row], list[RoundResult], float, float] | None:
+        """Run the plan's round and show it to the online control; returns its rows, their results,
+        its start and end (None: no round). `steady`: no transition or admission ran before it in
         this step (the control times rounds start to start, over steady stretches only)."""
         rows = self.live_rows()
         t0 = time.perf_counter()
         self.spec.round_starts(t0, len(rows), steady and kind is not Round.NONE)
         if kind is Round.NONE:
-            return
-        results = self._run(kind, len(rows))
+            return None
+        results = self.lanes.run(kind, len(rows))
         now = time.perf_counter()
         self.spec.observe(kind, len(rows), t0, results, self.scalar.last_k)
         for width, why in self.spec.switched():
             self.counters.control_switches += 1
             self._emit_event(lambda: Event(EventKind.DECISION, self.mode, width, reason=why))
+        return rows, results, t0, now
+
+    # ---- postprocess: tokens to their streams, finished rows out ---------------------------
+    def _deliver_round(self, kind: Round, rows: list[Row], results: list[RoundResult], t0: float, now: float) -> None:
         per_row = tuple(self._deliver(row, res, now) for row, res in zip(rows, results))
         self.counters.rounds += 1
         self.counters.syncs += 1
         self._emit_event(lambda: Event(EventKind.ROUND, self.mode, len(rows), now - t0, per_row, round=kind))
 
-    def _run(self, kind: Round, width: int) -> list[RoundResult]:
-        if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
-            return [self.scalar.round(last=kind is Round.SCALAR_LAST)]
-        if kind is Round.SPECULATIVE:  # the plan decided this batch speculates: at least one draft
-            return self.batch.speculative_round(self.spec.batch_k(width))
-        if kind is Round.CAPTURE:
-            return self.batch.capture_round()
-        return self.batch.plain_round(successor=kind is Round.PLAIN)
-
     def _deliver(self, row: Row, res: RoundResult, now: float) -> tuple:
+        before = len(row.tokens)
         pieces = row.take(res, now)
         trace.mark("emit")
+        self.peers.emitted(row, row.tokens[before:])
         self.service.deliver(row, pieces)
         trace.mark("deliver")
         n = sum(p.token >= 0 for p in pieces)
@@ -299,15 +255,14 @@ class Engine:
         self.counters.accepted += res.accepted
         return (row.rid, res.drafted, res.accepted, n)
 
-    # ---- leaving -----------------------------------------------------------------------
-    def _reap_cancelled(self) -> None:
+    def _reap_cancelled(self, cancelled: frozenset[int]) -> None:
         """Cancelled requests leave at this boundary, before the plan counts the width."""
         now = time.perf_counter()
-        for r in self.service.pop_cancelled():
+        for r in self.service.pop_cancelled(cancelled):
             r.finish(FinishReason.CANCELLED, now)
             self.service.finish(r)
         for r in self.live_rows():
-            if self.service.cancelled(r):
+            if r.rid in cancelled:
                 r.finish(FinishReason.CANCELLED, now)
         self._retire_finished()
 
@@ -321,15 +276,7 @@ class Engine:
             self.service.finish(r)
             self._emit_event(lambda r=r: Event(EventKind.FINISH, self.mode, len(live), rid=r.rid,
                                                stats=r.stats.as_dict()))
-        if self.mode is Mode.SCALAR:
-            self.prefiller.retire(*self.scalar.retire())
-        else:
-            for i, r in enumerate(self.batch.rows):
-                if r.is_done:
-                    self.prefiller.retire_batch_row(r, self.batch.cache, i)
-            self.batch.filter([i for i, r in enumerate(self.batch.rows) if not r.is_done])
-        if self.mode is Mode.SCALAR or not self.batch.rows:
-            self.mode = Mode.IDLE
+        self.lanes.retire()
 
     def end_live(self, reason: FinishReason, error: str | None = None, drop_caches: bool = False) -> None:
         """End every row being served (close(): "cancelled"; the last-resort handler: "error")
@@ -338,9 +285,7 @@ class Engine:
         for row in self.live_rows():
             row.finish(reason, now)
             self.service.finish(row, error)
-        self.scalar.clear()
-        self.batch = BatchLoop(self.lm.target, self.drafter)
-        self.mode = Mode.IDLE
+        self.lanes.reset()
         if drop_caches and self.prompt_cache is not None:
             self.prompt_cache.clear()
 

@@ -1,7 +1,10 @@
 """The engine as a service: the request queue, the streams, the engine thread and shutdown.
 
 The service runs a `Core` (the engine: gmlx/engine/engine.py) through three members and knows
-nothing else of it; the engine uses the service's public methods (pop, deliver, finish, ...).
+nothing else of it; the engine uses the service's public methods (snapshot, pop, deliver,
+finish, ...). Each step reads the queue through one snapshot (`snapshot`): it admits only the
+requests queued when the step began and reaps only the cancellations seen then, so what every
+rank of a distributed run does in a step is fixed at its start (gmlx/engine/peers.py).
 All MLX work happens in the engine thread, or in the caller's thread when it drives `step()`
 itself, as tests do.
 """
@@ -48,16 +51,20 @@ class Core(Protocol):
 
 
 class Service:
-    def __init__(self, core: Core, max_queued: int, speculative: bool):
+    def __init__(self, core: Core, max_queued: int, speculative: bool, heartbeat_s: float | None = None):
+        """`heartbeat_s`: an idle engine thread still steps this often (a distributed rank 0's
+        empty steps tell the other ranks it is alive); None: it sleeps until there is work."""
         self.core = core
         self.max_queued = max_queued
         self.speculative = speculative  # reported in final records
+        self.heartbeat_s = heartbeat_s
         self._streams: dict[int, Stream] = {}
         self._ids = itertools.count()
         self._queue: collections.deque[Row] = collections.deque()
         self._in_transit: list[Row] = []  # popped this step, maybe not in a loop yet (see _fail)
         self._cancels = 0  # how many cancel() calls streams have seen (read without the lock)
         self._cancels_seen = 0
+        self._horizon = -1  # the newest request id a snapshot has seen
         self._lock = threading.Condition()
         self.thread: threading.Thread | None = None  # the engine thread, once a submit() started it
         self._closed = False
@@ -73,12 +80,22 @@ class Service:
                 raise Overloaded(f"{len(self._queue)} requests are queued (max_queued={self.max_queued});"
                                  " retry later or raise EngineConfig.max_queued")
             row.rid = next(self._ids)
-            stream = Stream(row.rid, row.seed, on_cancel=self._note_cancel)
-            self._streams[row.rid] = stream
-            self._queue.append(row)
-            self._lock.notify_all()
+            stream = self._queued(row)
         if start:
             self.start()
+        return stream
+
+    def enqueue(self, row: Row) -> Stream:
+        """Queue a row numbered elsewhere (a distributed rank's copy of rank 0's request: the same
+        id, no queue limit, since rank 0 admitted it); returns its stream. No thread starts."""
+        with self._lock:
+            return self._queued(row)
+
+    def _queued(self, row: Row) -> Stream:
+        stream = Stream(row.rid, row.seed, on_cancel=self._note_cancel)
+        self._streams[row.rid] = stream
+        self._queue.append(row)
+        self._lock.notify_all()
         return stream
 
     def check_not_engine_thread(self, what: str) -> None:
@@ -113,19 +130,32 @@ class Service:
             raise EngineBusy("the engine thread drives this engine (a submit() started it); do not call step()")
         self._in_transit = []
 
+    def snapshot(self) -> tuple[tuple[Row, ...], int, frozenset[int]]:
+        """This step's view of the queue: the requests queued since the last snapshot, the newest
+        request id (the step admits none newer), and the requests whose stream was cancelled
+        (looked for only when a cancel() came since the last snapshot)."""
+        with self._lock:
+            new = tuple(r for r in self._queue if r.rid > self._horizon)
+            if new:
+                self._horizon = new[-1].rid
+            scan = self._cancels != self._cancels_seen
+            self._cancels_seen = self._cancels
+            cancelled = frozenset(rid for rid, s in self._streams.items() if s.cancelled) if scan else frozenset()
+        return new, self._horizon, cancelled
+
     @property
     def queued(self) -> int:
         with self._lock:
             return len(self._queue)
 
+    def queued_through(self, horizon: int) -> int:
+        """How many queued requests a step may admit: those numbered up to `horizon`."""
+        with self._lock:
+            return sum(1 for r in self._queue if r.rid <= horizon)
+
     @property
     def has_queued(self) -> bool:
         return bool(self._queue)
-
-    def queued_rows(self) -> list[Row]:
-        """A snapshot of the waiting requests, oldest first."""
-        with self._lock:
-            return list(self._queue)
 
     def stream(self, rid: int) -> Stream | None:
         """The open stream of a request (None once its final record went out)."""
@@ -145,25 +175,13 @@ class Service:
         with self._lock:
             self._cancels += 1
 
-    def cancel_requested(self) -> bool:
-        """Whether a stream was cancelled since the engine last asked (so a step reaps only then)."""
-        n = self._cancels
-        if n == self._cancels_seen:
-            return False
-        self._cancels_seen = n
-        return True
-
-    def pop_cancelled(self) -> list[Row]:
-        """Queued requests whose stream was cancelled, taken out of the queue."""
+    def pop_cancelled(self, rids: frozenset[int]) -> list[Row]:
+        """The queued requests of these ids, taken out of the queue."""
         with self._lock:
-            gone = [r for r in self._queue if self._streams[r.rid].cancelled]
+            gone = [r for r in self._queue if r.rid in rids]
             for r in gone:
                 self._queue.remove(r)
         return gone
-
-    def cancelled(self, row: Row) -> bool:
-        stream = self._streams.get(row.rid)
-        return stream is not None and stream.cancelled
 
     def deliver(self, row: Row, pieces: list[Piece]) -> None:
         stream = self._streams[row.rid]
@@ -193,7 +211,8 @@ class Service:
             while True:
                 with self._lock:
                     while not self._closed and not self._queue and not self.core.busy:
-                        self._lock.wait()
+                        if not self._lock.wait(self.heartbeat_s):  # timed out: an idle engine's beat
+                            break
                     if self._closed:
                         return
                 try:

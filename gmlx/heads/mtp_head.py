@@ -9,8 +9,8 @@ follows t. The head therefore predicts token t+2. Its own output `h'` uses the s
 convention, so drafting k tokens chains the head on its own hidden state.
 
 The head owns no embedding, final norm or LM head: the target's are passed in at
-call time, so the weights are shared and saved once. `bind_mtp_head(head, target)` ties them
-together behind the bound-head interface (`gmlx.heads.bound`) that drafting loops call.
+call time, so the weights are shared and saved once. `head.bind(target)` ties them together
+behind the bound-head interface (`gmlx.heads.bound`) that drafting loops call.
 """
 
 from __future__ import annotations
@@ -97,7 +97,3 @@ class BoundMTPHead(BoundHead):
 
     def logits(self, g: mx.array) -> mx.array:
         return self.target.lm_head(g)
-
-
-def bind_mtp_head(head: MTPHead, target) -> BoundMTPHead:
-    return BoundMTPHead(head, target)

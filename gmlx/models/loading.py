@@ -73,10 +73,6 @@ class LoadedModel:
         return not self.rollback_blockers
 
     @property
-    def can_speculate(self) -> bool:
-        return self.has_drafter and self.can_rollback
-
-    @property
     def eos_ids(self) -> set[int]:
         return set(self.tokenizer.eos_token_ids)
 

@@ -52,6 +52,7 @@ from gmlx import blas
 from gmlx import machine as _machine
 from gmlx import switches
 from gmlx.errors import ConfigError
+from gmlx.policy import admission
 from gmlx.policy.toml_write import atomic_write, dumps_toml, toml_key
 
 DEFAULT_MODEL_KEY = "gmlx-default"
@@ -162,12 +163,11 @@ class CapDecision:
     notice: str | None = None  # set when a hard limit overrode the value from `source`
 
     def allows(self, width: int) -> bool:
-        """Whether the batch loop may speculate at this width (the scalar loop never asks)."""
+        """Whether the batch loop may speculate at this width (the scalar loop never asks): the
+        rule admission plans with (`gmlx.policy.admission.allows`), on this decision's cap."""
         if width < 1:
             raise ValueError(f"width must be >= 1, got {width}")
-        if self.cap is None:
-            return False
-        return self.cap == 0 or width <= self.cap
+        return admission.allows(self.cap, width)
 
     def num_draft_tokens(self, width: int, default: int) -> int:
         """K measured at the largest width <= `width`, else `default` (an explicit K wins over both).

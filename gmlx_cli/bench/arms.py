@@ -68,7 +68,7 @@ def make_backend(lm, arm: Arm, config: EngineConfig, concurrency: int, ignore_eo
         return MlxStreamBackend(lm, ignore_eos), "-"
     engine = new_engine(lm, replace(config, speculative=arm.speculative),
                         switches=Switches(preempt=arm.preempt, resume=arm.resume))
-    return EngineBackend(engine), engine.cap_decision().text if arm.speculative else "-"
+    return EngineBackend(engine), engine.cap_in_force.text if arm.speculative else "-"
 
 
 def run_matrix(lm, arms, requests, ids, concurrencies, repeats, config, view, runs, ignore_eos=False,
