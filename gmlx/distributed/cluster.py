@@ -29,7 +29,6 @@ from gmlx.distributed.channel import Channel, PeerLost, fatal
 from gmlx.distributed.liveness import Liveness
 from gmlx.distributed.watchdog import Watchdog
 from gmlx.errors import GmlxError, LaunchError, ReplicaDivergence
-from gmlx.finish import FinishReason
 from gmlx.models.loading import LoadedModel
 from gmlx.switches import DIST_TIMEOUT
 
