@@ -91,25 +91,6 @@ def test_a_width_decided_plain_tries_speculation_again_after_a_run_of_plain_roun
     assert 1 <= tries <= 2  # after 64 plain rounds, then after 128 more (the wait doubles)
 
 
-def test_a_width_over_a_default_cap_starts_plain_and_leaves_only_through_exploration():
-    """A default cap is a prior: over it a width is decided plain before any round, the cost
-    model's prediction (speculation pays, on these costs) cannot move it, exploration can; once
-    speculation is measured there and pays, the width speculates."""
-    ctl = Controller(_Target(), "mtp", COSTS, plain_prior=lambda width: width > 2)
-    assert ctl.decided_plain(4) and not ctl.decided_plain(2)
-    assert fresh().choose(4, 3).k > 0  # the same costs without the prior: speculation first
-    for _ in range(EXPLORE_FIRST):
-        c = ctl.choose(4, 3)
-        assert c.k == 0 and not c.exploring
-        feed(ctl, 4, 0, 0.010, accepted=0)
-    c = ctl.choose(4, 3)
-    assert c.k > 0 and c.exploring
-    for _ in range(MIN_EVIDENCE + 4):  # every draft accepted, rounds barely dearer than plain
-        feed(ctl, 4, c.k, 0.011, accepted=c.k)
-        c = ctl.choose(4, 3)
-    assert c.k > 0 and not ctl.decided_plain(4)
-
-
 def test_a_new_engine_continues_from_what_this_process_learnt_about_the_target():
     t = _Target()
     first = Controller(t, "mtp", COSTS)
@@ -231,29 +212,6 @@ def test_a_lone_request_under_cap_off_says_what_the_scalar_loop_ran(lm, prompts,
     check_solo(lm, run)
     rec = run.streams["a"].result
     assert "over the cap" not in rec.stats["speculation"] and rec.stats["num_drafted"] > 0, rec.stats
-    eng.close()
-
-
-@pytest.mark.parametrize("set_by", ["model default", "env"])
-def test_a_default_cap_is_a_prior_and_a_set_cap_a_ceiling(lm, prompts, clean, monkeypatch, set_by):
-    """Under the model's default cap admission plans uncapped and the control's prior keeps wider
-    widths plain (they explore only after 64 plain rounds); the same cap set by GMLX_MTP_WIDTH_CAP
-    is a ceiling admission applies itself. Streams equal solo either way."""
-    cap = lm.default_cap
-    assert isinstance(cap, int) and cap >= 1
-    if set_by == "env":
-        monkeypatch.setenv("GMLX_MTP_WIDTH_CAP", str(cap))
-    eng = Engine(lm, EngineConfig(), switches=Switches(control=True))
-    assert eng.cap_in_force.cap == cap and (eng.cap_in_force.source == "model default") is (set_by != "env")
-    assert eng.spec.admission_cap() == (0 if set_by == "model default" else cap)
-    wide = cap + 2
-    reqs = [(f"r{i}", prompts[i], P(16 + 12 * i, seed=i, t=0.8 if i % 2 else 0.0)) for i in range(wide)]
-    run = drive(eng, {0: reqs})  # budgets apart: the batch narrows back within the cap
-    check_solo(lm, run)
-    assert max(e.width for _, e in run.rounds()) == wide
-    widths = {e.width for _, e in run.rounds() if e.round == "speculative"}
-    assert widths and max(widths) <= cap, widths  # too short for the wider width to explore
-    assert eng.spec.control.decided_plain(wide) is (set_by != "env")  # a ceiling: admission alone
     eng.close()
 
 

@@ -187,7 +187,7 @@ class Engine:
         return admission.View(
             plain_widths=self.spec.plain_widths(batch_width, len(live), queued),
             plain_why=self.spec.plain_why,
-            mode=self.mode, width=len(live), queued=queued, cap=self.spec.admission_cap(),
+            mode=self.mode, width=len(live), queued=queued, cap=self.caps.current.cap,
             speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
             lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
             min_remaining=min((r.remaining for r in live), default=0),

@@ -4,11 +4,8 @@ choice within them, applied by the engine; said out loud for generate, bench, se
 Precedence: `--no-speculative` (no drafter) > an explicit K (`--num-draft-tokens`: obeyed every
 round, no control) > GMLX_CONTROL=0 (the cap and K per width alone, as configured) > the online
 control (gmlx/policy/control.py), which may run fewer drafts than the ceiling, or none, at any
-width within the cap. A cap someone set (CLI, GMLX_MTP_WIDTH_CAP, user config / sweep-cap) or a
-drafter's hard limit stays a ceiling: the control never speculates over it. A default cap (the
-model's, its family's, the built-in one) is a prior under the control: wider batches start plain
-and try speculation only through the control's exploration (after 64 plain rounds at a width),
-so a default that is wrong for this machine is corrected by measurement, not kept.
+width within the cap. The cap (CLI, GMLX_MTP_WIDTH_CAP, user config, model default) stays a
+ceiling: the control never speculates over it.
 """
 
 from __future__ import annotations
@@ -22,12 +19,6 @@ from gmlx.policy.costs import Costs
 _TIMED = frozenset({Round.SPECULATIVE, Round.PLAIN, Round.SCALAR})
 
 
-def _is_default(d) -> bool:
-    """A cap nobody set (a CapDecision from the model's, its family's or the built-in default),
-    not the CLI's, GMLX_MTP_WIDTH_CAP, the user config (sweep-cap --write) or a hard limit."""
-    return d.source in ("model default", "built-in default") or d.source.startswith("family default")
-
-
 class Speculation:
     def __init__(self, target, drafter, caps, explicit_k: int | None, costs: Costs | None, control: bool):
         self.drafter = drafter
@@ -35,21 +26,9 @@ class Speculation:
         self.caps = caps  # gmlx.engine.cap_watch.CapWatch: the ceilings
         self.explicit_k = explicit_k
         on = control and drafter is not None and explicit_k is None and costs is not None
-        self.control = Controller(target, drafter.kind, costs, self._over_prior_cap) if on else None
+        self.control = Controller(target, drafter.kind, costs) if on else None
         self.choice: Choice | None = None  # this step's choice at the batch's width
         self._pending: tuple | None = None  # (width, k, start) of the last round, until the next starts
-
-    def _prior(self) -> bool:
-        """Whether the cap in force is a default (a prior for the control), not a setting."""
-        return self.control is not None and _is_default(self.caps.current)
-
-    def _over_prior_cap(self, width: int) -> bool:
-        return self._prior() and not self.caps.current.allows(width)
-
-    def admission_cap(self) -> int | None:
-        """The cap admission plans with: the one in force, or uncapped where it is only a prior
-        (the control's plain widths then gate the batch, `plain_widths`)."""
-        return 0 if self._prior() and self.caps.current.cap is not None else self.caps.current.cap
 
     def ceiling(self, width: int) -> int:
         """The most drafts per round at this width (explicit K, else calibrated, else default)."""
@@ -120,11 +99,9 @@ class Speculation:
         if self.drafter is None:
             return "plain decode (no drafter)"
         cap = self.caps.current
-        prior = self._prior()
-        ks = ", ".join(f"{w}: {self.ceiling(w) if cap.allows(w) or w == 1 or prior else 'plain'}" for w in widths)
+        ks = ", ".join(f"{w}: {self.ceiling(w) if cap.allows(w) or w == 1 else 'plain'}" for w in widths)
         how = ("explicit K, always speculates" if self.explicit_k is not None else
                "online control on: K and plain vs speculative chosen per width from measured rounds"
-               + ("; the default cap is a prior (wider batches start plain, speculation explored)" if prior else "")
                if self.control is not None else "online control off (GMLX_CONTROL=0)")
         return f"speculative ({self.drafter.kind}), cap {cap}, K ceiling by width {{{ks}}}; {how}"
 
@@ -143,7 +120,7 @@ class Speculation:
         if self.explicit_k is not None:
             return f"K={self.explicit_k} ({self.drafter.kind}): explicit --num-draft-tokens, always speculates"
         cap = self.caps.current
-        if not lone and not cap.allows(width) and not self._prior():
+        if not lone and not cap.allows(width):
             return f"plain: width {width} over the cap {cap}"
         if self.control is None:
             return f"K<={self.ceiling(width)} ({self.drafter.kind}): cap {cap}; online control off (GMLX_CONTROL=0)"

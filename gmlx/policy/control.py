@@ -25,10 +25,6 @@ measurement runs PLAIN_WINDOW plain rounds once, so its "1.0x" is measured, not 
 round times are shared by every engine on the same target in the process (a plain baseline's
 rounds teach the speculative engine), speculative ones per (target, drafter kind).
 
-A width over a default cap (the model's or its family's: a prior, not someone's setting) starts
-decided plain and leaves plain only through that exploration; once speculation has been measured
-there, the same rules as anywhere apply (`WidthControl.prior_plain`).
-
 Pure arithmetic over host-side figures: nothing here touches the device. The control never moves
 a token: it only decides how many drafts a round checks (docs/design.md §3).
 """
@@ -52,14 +48,10 @@ PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
 class WidthControl:
     """The figures and the choice in force at one width bucket."""
 
-    def __init__(self, plain: Times, spec: Times, prior_plain: bool = False):
+    def __init__(self, plain: Times, spec: Times):
         self.plain, self.spec = plain, spec  # shared per target / per (target, drafter)
         self.acceptance = Acceptance()
-        # A width over a default cap (the model's or its family's: a prior, not a setting) starts
-        # plain and leaves plain only through exploration: speculation is measured here before
-        # the cost model's prediction may move it.
-        self.prior_plain = prior_plain
-        self.current: int | None = 0 if prior_plain else None  # the k in force (None: not decided yet)
+        self.current: int | None = None  # the k in force (None: not decided yet)
         self.rounds_in_choice = 0
         self.plain_run = 0  # consecutive plain rounds while the choice is plain
         self.explore_after = EXPLORE_FIRST
@@ -117,8 +109,6 @@ class WidthControl:
         if cur is not None and cur in gains and (cur == 0) != (best == 0):  # plain <-> speculative
             if self.rounds_in_choice < MIN_EVIDENCE or gains[best] < MARGIN * gains[cur]:
                 best = cur  # hysteresis: keep the choice in force
-        if self.prior_plain and cur == 0 and not self.spec.by_k:
-            best = 0  # the prior holds until speculation has been measured at this width
         self.exploring = False
         if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known():
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
@@ -199,10 +189,8 @@ def forget(target: object) -> None:
 class Controller:
     """Per-width control for one engine (the figures underneath are shared, see above)."""
 
-    def __init__(self, target: object, drafter_kind: str | None, costs: Costs, plain_prior=None):
+    def __init__(self, target: object, drafter_kind: str | None, costs: Costs):
         self.costs = costs
-        # width -> whether a default cap puts it over (a prior, see WidthControl); None: no prior
-        self.plain_prior = plain_prior or (lambda width: False)
         self._plain = _plain.setdefault(target, {})
         self._spec = _spec.setdefault(target, {})
         self._shared = _widths.setdefault(target, {})
@@ -218,8 +206,7 @@ class Controller:
             key = (self.drafter_kind, b)
             if key not in self._shared:
                 plain = self._plain.setdefault(b, Times())
-                wc = self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()),
-                                                      prior_plain=self.plain_prior(width))
+                wc = self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()))
                 wc.acceptance = self._nearest_acceptance(b)
             self.widths[b] = self._shared[key]
         return self.widths[b]
@@ -250,7 +237,7 @@ class Controller:
     def decided_plain(self, width: int) -> bool:
         """Whether the choice in force at this width is plain (a query: changes nothing)."""
         wc = self._shared.get((self.drafter_kind, bucket(width)))
-        return self.plain_prior(width) if wc is None else wc.current == 0
+        return wc is not None and wc.current == 0
 
     def pooled(self, width: int) -> Acceptance:
         """A copy of this width's recent acceptance: a new lone request starts from it."""
