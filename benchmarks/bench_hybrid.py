@@ -50,7 +50,8 @@ from gmlx.engine.metrics import EventKind
 from gmlx.models.forward import prefill
 from gmlx.decode.probe import measure
 from gmlx.decode.scalar import ScalarLane
-from gmlx.kv import RaggedKVCache, make_ragged_cache, trim_rows
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import make_ragged_cache, trim_rows
 from gmlx.machine import describe
 from gmlx.models.loading import default_model_path, load
 from gmlx.recurrent import RecurrentCache

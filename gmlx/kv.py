@@ -17,6 +17,9 @@ Invariants:
 - All layers of one model cache share the same lengths; the model builds its
   mask once from ``cache[0].make_mask`` before any layer updates, so the mask
   and ``offset`` both describe the state *before* the current forward.
+
+The helpers that move every layer of a model's cache at once (attention and recurrent layers
+alike): gmlx/model_cache.py.
 """
 
 from __future__ import annotations
@@ -28,8 +31,6 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache
-
-from gmlx.recurrent import RecurrentCache, recurrent_layers
 
 Mask = mx.array | str | None
 
@@ -263,53 +264,3 @@ def _padded(c: RaggedKVCache, cap: int, ref: RaggedKVCache) -> tuple[mx.array, m
     if cap == c.capacity:
         return k, v
     return mx.pad(k, pad), mx.pad(v, pad)
-
-
-# -- helpers over a model's cache (a list with one cache per layer) ----------
-def make_ragged_cache(model: Any, batch_size: int = 0, span: int = 0) -> list[RaggedKVCache]:
-    """One cache per layer: a RaggedKVCache, or a RecurrentCache (gmlx/recurrent.py) where the
-    model's own cache is a recurrent state (`span`: one-token steps kept reachable by a trim)."""
-    layers = model.layers if hasattr(model, "layers") else model.model.layers
-    rec = {i: n for i, _, n in recurrent_layers(model)} if hasattr(model, "make_cache") else {}
-    return [RecurrentCache(rec[i], batch_size, span=span) if i in rec else RaggedKVCache(batch_size)
-            for i in range(len(layers))]
-
-
-def lift_caches(requests: Sequence[Sequence[KVCache]]) -> list[RaggedKVCache]:
-    """requests[r][l] is request r's layer-l KVCache (or RecurrentCache) -> per-layer batch."""
-    return [RecurrentCache.lift(layer) if isinstance(layer[0], RecurrentCache) else RaggedKVCache.lift(layer)
-            for layer in zip(*requests)]
-
-
-def row_lengths(caches: Sequence[Any]) -> np.ndarray:
-    """Each row's cached length (host), from the first attention layer (a recurrent layer counts
-    the same tokens)."""
-    for c in caches:
-        if isinstance(c, RaggedKVCache):
-            return c.lengths
-    return caches[0].positions if caches else np.zeros(0, dtype=np.int64)
-
-
-def trim_rows(caches: Sequence[RaggedKVCache], ns: Sequence[int] | np.ndarray) -> None:
-    for c in caches:
-        c.trim_rows(ns)
-
-
-def filter_rows(caches: Sequence[RaggedKVCache], keep: Sequence[int]) -> None:
-    for c in caches:
-        c.filter(keep)
-
-
-def extend_rows(caches: Sequence[RaggedKVCache], others: Sequence[RaggedKVCache]) -> None:
-    if len(caches) != len(others):
-        raise ValueError("extend_rows: layer counts differ")
-    for c, o in zip(caches, others):
-        c.extend(o)
-
-
-def extract_row(caches: Sequence[RaggedKVCache], i: int) -> list[KVCache]:
-    return [c.extract(i) for c in caches]
-
-
-def cache_nbytes(caches: Sequence[Any]) -> int:
-    return sum(c.nbytes for c in caches)

@@ -9,8 +9,9 @@ How gmlx rolls it back (docs/design.md §5, README "Hybrid targets"):
 
 - `RecurrentCache` stands in for `ArraysCache` in those layers (the same protocol: `cache[0]`,
   `cache[1]`, `lengths`, `make_mask`, `advance`, `prepare`/`finalize`), for one sequence or a
-  batch, and keeps a *journal*: for each row, the state after each of its recent positions (the
-  last entry is the current state, the one before it the state one position earlier, ...).
+  batch, and keeps a *journal* (`Journal`): for each row, the state after each of its recent
+  positions (the last entry is the current state, the one before it the state one position
+  earlier, ...).
   `trim_rows(ns)` / `trim(n)` restore each row to its state ns[b] positions back, exactly like
   the ragged KV trim, so the loops roll every layer back with the same call.
 - A multi-position forward (a verify of k+1 tokens, a draft model's pending feed) is *captured*
@@ -35,12 +36,8 @@ until the round's trim (memory, no compute), and a trim gathers each row's state
 the state per layer in a batch with different acceptance; none when every row kept the same
 count). `benchmarks/bench_hybrid.py` measures a verify forward with and without capture.
 
-Which layers: found from the model (`recurrent_layers`): every layer whose mlx-lm cache is an
-ArraysCache; its mixer is the submodule with the Gated DeltaNet structure (conv1d, A_log,
-dt_bias, norm, out_proj and either Qwen3-Next's in_proj_qkvz/in_proj_ba or Qwen3.5's
-in_proj_qkv/z/b/a) in a module that imports mlx-lm's `gated_delta_update`. Other recurrent
-mixers (Mamba/Mamba2 SSM blocks, OLMo-hybrid's or Kimi's delta nets, ...) are named in
-`blockers` and their models decode plain.
+Which layers, and the helpers the loops call over a model's whole cache (every layer, attention
+or recurrent, with one call): gmlx/model_cache.py. The journal itself: gmlx/recurrent_journal.py.
 """
 
 from __future__ import annotations
@@ -48,11 +45,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
-CAPTURE_MAX = 64  # longest forward captured position by position (a verify of k+1, a draft feed)
-EMPTY = -1  # the slot id of a state never written (zeros)
+from gmlx.recurrent_journal import CAPTURE_MAX, Journal
 
 
 class RecurrentCache:
@@ -64,21 +59,25 @@ class RecurrentCache:
         self.left_padding = None
         self._prep: np.ndarray | None = None  # host copy of `lengths`
         self.capture = True  # False during a prefill: nothing there is rolled back (but padding)
-        # One-position forwards kept reachable beyond the last one (a draft model's chained draft
-        # steps are trimmed together after the verify); 0 for a target: only its last forward.
-        self.span = span
+        self._journal = Journal(span)
         self._tokens: np.ndarray | None = None
-        self._slots: dict[int, tuple] = {}
-        self._hist: list[list[int | None]] = []
-        self._next = 0
         if batch_size is not None:
             self._init_rows(batch_size)
 
     # -- rows ---------------------------------------------------------------------------------
     def _init_rows(self, b: int) -> None:
         self._tokens = np.zeros(b, dtype=np.int64)
-        self._hist = [[EMPTY] for _ in range(b)]
-        self._slots = {}
+        self._journal.reset(b)
+
+    @property
+    def span(self) -> int:
+        """One-position forwards kept reachable beyond the last one (a draft model's chained draft
+        steps are trimmed together after the verify); 0 for a target: only its last forward."""
+        return self._journal.span
+
+    @span.setter
+    def span(self, n: int) -> None:
+        self._journal.span = n
 
     @property
     def batch_size(self) -> int:
@@ -162,16 +161,10 @@ class RecurrentCache:
     def size(self) -> int:
         return 0 if self._tokens is None or not len(self._tokens) else int(self._tokens.max())
 
-    # -- the journal ----------------------------------------------------------------------------
+    # -- recording and rollback (the journal: gmlx/recurrent_journal.py) ------------------------
     def captures(self, n: int) -> bool:
         """Whether a forward of n positions runs the capture forward (else mlx-lm's own code)."""
         return self.capture and self.lengths is None and 1 < n <= CAPTURE_MAX
-
-    def _new_slot(self, arrays: Sequence) -> int:
-        sid = self._next
-        self._next += 1
-        self._slots[sid] = tuple(arrays)
-        return sid
 
     def _ensure_rows(self) -> None:
         if self._tokens is None:  # never written: one sequence (as mlx-lm's KVCache), or its arrays' rows
@@ -182,25 +175,14 @@ class RecurrentCache:
         the last one becomes the current state."""
         if self._tokens is None:
             self._init_rows(next(a.shape[0] for a in snaps[-1] if a is not None))
-        ids = [self._new_slot(s) for s in snaps]
-        for b, h in enumerate(self._hist):
-            self._hist[b] = h[-(self.span + 1):] + ids
+        self._journal.record(snaps)
         self._tokens = self._tokens + len(snaps)
         self.cache = list(snaps[-1])
-        self._gc()
 
     def _record_uncaptured(self, n: int, valid: np.ndarray | None) -> None:
         self._ensure_rows()
-        sid = self._new_slot(self.cache)
-        for b, h in enumerate(self._hist):
-            v = n if valid is None else int(valid[b])
-            keep = h[-(self.span + 1):]
-            if v == 0:  # all padding: the row's state did not move (earlier padding stays reachable)
-                self._hist[b] = h + [sid] * n
-            else:  # positions inside a long forward are not reachable; padding after it is
-                self._hist[b] = keep + [None] * (v - 1) + [sid] * (1 + n - v)
+        self._journal.record_uncaptured(self.cache, n, valid)
         self._tokens = self._tokens + n
-        self._gc()
 
     def trim_rows(self, ns: Sequence[int] | np.ndarray) -> None:
         """Row b goes back ns[b] positions (its rejected drafts, its padding)."""
@@ -208,60 +190,23 @@ class RecurrentCache:
         if not ns.any():
             return
         self._ensure_rows()
-        if ns.shape[0] != len(self._hist):
-            raise ValueError(f"trim_rows: got {ns.shape[0]} counts for {len(self._hist)} rows")
-        for b, n in enumerate(ns):
-            h = self._hist[b]
-            if n < 0 or n >= len(h) or h[-1 - n] is None:
-                raise ValueError(
-                    f"recurrent state of row {b} cannot go back {n} positions: only the positions of its last "
-                    f"captured forward (up to {CAPTURE_MAX}) and {self.span} one-token steps before are kept")
-        for b, n in enumerate(ns):
-            if n:
-                self._hist[b] = self._hist[b][: len(self._hist[b]) - int(n)]
+        self.cache = self._journal.back(ns, len(self.cache))
         self._tokens = self._tokens - ns
-        self.cache = self._gather([h[-1] for h in self._hist])
-        self._gc()
 
     def trim(self, n: int) -> int:
         """Uniform trim (mlx-lm's API): every row goes back n positions."""
         if n <= 0:
             return 0
         self._ensure_rows()
-        self.trim_rows(np.full(len(self._hist), n))
+        self.trim_rows(np.full(len(self._journal.hist), n))
         return n
-
-    def _gather(self, ids: list[int]) -> list:
-        """The arrays whose row b is slot ids[b]'s row b."""
-        if len(set(ids)) == 1:
-            return [None] * len(self.cache) if ids[0] == EMPTY else list(self._slots[ids[0]])
-        ref = next(self._slots[i] for i in ids if i != EMPTY)
-        out = []
-        for j, r in enumerate(ref):
-            if r is None:
-                out.append(None)
-                continue
-            parts = [mx.zeros((1,) + r.shape[1:], r.dtype) if i == EMPTY else self._slots[i][j][b:b + 1]
-                     for b, i in enumerate(ids)]
-            out.append(mx.concatenate(parts, axis=0))
-        return out
-
-    def _gc(self) -> None:
-        live = {i for h in self._hist for i in h if i is not None}
-        for sid in [s for s in self._slots if s not in live]:
-            del self._slots[sid]
 
     def _collapse(self) -> None:
         """Forget the journal: the current state is all there is (membership changed)."""
         b = self.batch_size
         if self._tokens is None:
             self._tokens = np.zeros(b, dtype=np.int64)
-        self._slots = {}
-        if self.empty():
-            self._hist = [[EMPTY] for _ in range(b)]
-        else:
-            sid = self._new_slot(self.cache)
-            self._hist = [[sid] for _ in range(b)]
+        self._journal.collapse(b, None if self.empty() else self.cache)
 
     # -- row management (between rounds) --------------------------------------------------------
     def filter(self, keep: Sequence[int]) -> None:
@@ -322,56 +267,3 @@ def _cat(caches: Sequence[RecurrentCache]) -> list:
         parts = [p for p in parts if p.shape[0]]
         out.append(mx.concatenate(parts, axis=0) if parts else None)
     return out
-
-
-# -- which layers ------------------------------------------------------------------------------
-def recurrent_layers(model: nn.Module) -> list[tuple[int, nn.Module, int]]:
-    """(layer index, decoder layer, state arrays) of every layer whose mlx-lm cache is an
-    ArraysCache (mlx-lm's MambaCache is one), found from the model's own `make_cache`."""
-    from mlx_lm.models.cache import ArraysCache, make_prompt_cache
-
-    try:
-        layers = getattr(model, "layers", None)
-        if layers is None:
-            layers = model.model.layers
-        caches = make_prompt_cache(model)
-    except (AttributeError, TypeError):  # not an mlx-lm decoder with per-layer caches: nothing recurrent here
-        return []
-    return [(i, layers[i], len(c.cache)) for i, c in enumerate(caches) if isinstance(c, ArraysCache)]
-
-
-def wrap_caches(caches: list, span: int = 0) -> list:
-    """mlx-lm's per-layer caches with every ArraysCache replaced by a RecurrentCache."""
-    from mlx_lm.models.cache import ArraysCache
-
-    return [RecurrentCache(len(c.cache), span=span) if isinstance(c, ArraysCache) else c for c in caches]
-
-
-# -- helpers over a model's cache (a list with one cache per layer) ------------------------------
-def begin_prefill(caches: Sequence, lengths: Sequence[int]) -> bool:
-    """A prefill of rows with these many tokens follows (right-padded to the longest). Nothing in
-    a prefill is rolled back but its padding, so the recurrent layers run mlx-lm's own code, never
-    the capture: its masked path when the rows are ragged (each row's state stops where its tokens
-    end, the padding is trimmed later like the KV's), else its plain path. True when some layer is
-    recurrent (call `end_prefill` after)."""
-    rec = [c for c in caches if isinstance(c, RecurrentCache)]
-    ragged = len({int(n) for n in lengths}) > 1
-    for c in rec:
-        c.capture = False
-        if ragged:
-            c.prepare(lengths=list(lengths))
-    return bool(rec)
-
-
-def end_prefill(caches: Sequence) -> None:
-    for c in caches:
-        if isinstance(c, RecurrentCache):
-            c.finalize()
-            c.capture = True
-
-
-def reach(caches: Sequence, n: int) -> None:
-    """Keep n one-token steps reachable by a trim (a draft model drafting n tokens)."""
-    for c in caches:
-        if isinstance(c, RecurrentCache) and c.span < n:
-            c.span = n

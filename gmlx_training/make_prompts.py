@@ -1,7 +1,7 @@
 """Write gmlx/data/prompts.jsonl: code prompts cut from the default model's held-out files.
 
 Run: ``python -m gmlx_training.make_prompts``. Deterministic for a given Python version and default
-model: the held-out files are those `gmlx_training.train_default.split_files` puts in validation;
+model: the held-out files are those `gmlx_training.stdlib_corpus.split_files` puts in validation;
 each prompt is a `def` line with up to the next 3 lines of its body, at most 240 characters; a
 candidate the default model ends at EOS before its first token (greedy) is skipped for the next one
 in the same file, so that every request of `gmlx bench`'s default workload has tokens (two nested
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from gmlx.data import PROMPTS_FILE
-from gmlx_training.train_default import corpus_files, read, split_files
+from gmlx_training.stdlib_corpus import corpus_files, read, split_files
 
 
 def starts_at_eos(lm=None):

@@ -95,7 +95,7 @@ def teacher_forced(target, windows: list[list[int]]) -> list[dict]:
 def corpus_windows(lm, seq: int, seed: int):
     """Endless random `seq`-token windows: standard-library code (training files) 3 of 4, CMake's
     reStructuredText help pages (prose) 1 of 4."""
-    from gmlx_training.train_default import corpus_files, read, split_files
+    from gmlx_training.stdlib_corpus import corpus_files, read, split_files
 
     code = split_files(corpus_files())[0]
     prose = sorted(Path("/usr/share").glob("cmake*/Help/**/*.rst"))

@@ -2,7 +2,7 @@
 
 Two kinds, both deterministic for a seed and a Python version:
 - code: raw continuations cut from the standard library (a `def`/`class` line and up to the next
-  5 lines), from `train_default.split_files`' training files (held-out files: the val split);
+  5 lines), from `stdlib_corpus.split_files`' training files (held-out files: the val split);
 - chat: instructions built from templates and topic lists below, plus "what does this code do"
   and "summarize this docstring" questions cut from the same files, applied through the model's
   chat template by the caller.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import random
 
-from gmlx_training.train_default import corpus_files, read, split_files
+from gmlx_training.stdlib_corpus import corpus_files, read, split_files
 
 CONCEPTS = [
     "recursion", "a hash table", "a linked list", "binary search", "a closure", "a decorator", "a generator",

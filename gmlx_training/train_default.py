@@ -2,11 +2,9 @@
 
 Run: ``python -m gmlx_training.train_default --minutes 90 --out gmlx/weights/default_model``
 
-Corpus: every ``.py`` file of this interpreter's standard library (``sysconfig`` stdlib path),
-excluding ``test/``, ``tests/``, ``idlelib/`` and ``site-packages``; sorted by path, so the
-selection is fixed for a given Python version. Every 20th file is held out for validation.
-Tokenizer: byte-level BPE (HF ``tokenizers``), vocab 2048. Model: mlx-lm ``llama`` with tied
-embeddings. Loss = CE(next token) + w1 * CE(token t+2 through the MTP head on the target's hidden)
+Corpus and tokenizer: gmlx_training/stdlib_corpus.py (the standard library's ``.py`` files,
+every 20th held out; byte-level BPE, vocab 2048). Model: mlx-lm ``llama`` with tied embeddings.
+Loss = CE(next token) + w1 * CE(token t+2 through the MTP head on the target's hidden)
 + w2 * CE(token t+3 through the head chained on its own hidden), so the head also learns to draft
 from its own output, as it does at k >= 2.
 
@@ -19,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sysconfig
 import time
 from pathlib import Path
 
@@ -34,55 +31,10 @@ from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models import llama  # noqa: E402
 
 from gmlx_training.training import BudgetSchedule, compiled_step  # noqa: E402
-from gmlx_training.model_card import EOS, EXCLUDE_DIRS, machine_line, model_card  # noqa: E402
+from gmlx_training.model_card import EOS, machine_line, model_card  # noqa: E402
+from gmlx_training.stdlib_corpus import (  # noqa: E402
+    batches, corpus_files, encode_all, read, split_files, train_tokenizer)
 from gmlx.heads.mtp_head import MTPConfig, MTPHead  # noqa: E402
-
-
-
-def corpus_files() -> list[Path]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root)
-        if any(part in EXCLUDE_DIRS for part in rel.parts):
-            continue
-        files.append(p)
-    return files
-
-
-def split_files(files: list[Path]) -> tuple[list[Path], list[Path]]:
-    val = [f for i, f in enumerate(files) if i % 20 == 7]
-    train = [f for i, f in enumerate(files) if i % 20 != 7]
-    return train, val
-
-
-def read(f: Path) -> str:
-    return f.read_text(encoding="utf-8", errors="replace")
-
-
-def train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
-
-
-def encode_all(tok, texts: list[str]) -> np.ndarray:
-    eos = tok.token_to_id(EOS)
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts):
-        ids.extend(enc.ids)
-        ids.append(eos)
-    return np.array(ids, dtype=np.int32)
 
 
 class Joint(nn.Module):
@@ -108,13 +60,6 @@ class Joint(nn.Module):
         g2 = self.head(embed(x[:, 2:-1]), g1[:, :-1], norm)  # [B, N-2, D]
         ce2 = nn.losses.cross_entropy(lm(g2), x[:, 3:], reduction="mean")
         return ce0 + w1 * ce1 + w2 * ce2, (ce0, ce1, ce2)
-
-
-def batches(data: np.ndarray, batch: int, seq: int, rng: np.random.Generator):
-    span = seq + 3
-    while True:
-        starts = rng.integers(0, len(data) - span, size=batch)
-        yield mx.array(np.stack([data[s : s + span] for s in starts]))
 
 
 def evaluate(joint: Joint, val: np.ndarray, seq: int, n: int = 24) -> dict:

@@ -3,8 +3,9 @@ KV-sharing assistant head.
 
 Run: ``python -m gmlx_training.train_drafters --minutes-draft 12 --minutes-assistant 12 --out gmlx/weights/default_model``
 
-Corpus and split: those of `gmlx_training.train_default` (the same files, the same held-out set),
-encoded with the *shipped* tokenizer, so the drafters speak the target's vocabulary.
+Corpus and split: those of `gmlx_training.train_default` (`gmlx_training.stdlib_corpus`: the same
+files, the same held-out set), encoded with the *shipped* tokenizer, so the drafters speak the
+target's vocabulary.
 
 - Draft model (``<out>/draft/``, a complete mlx-lm directory with the target's tokenizer): the
   target's embeddings, first `--draft-layers` blocks and final norm, fine-tuned as a model of its
@@ -54,7 +55,7 @@ from gmlx_training.drafter_eval import agreement, greedy_acceptance, step_costs 
 from gmlx.models.loading import load  # noqa: E402
 from gmlx_training.model_card import machine_line, with_drafters_section  # noqa: E402
 from gmlx_training.training import BudgetSchedule, compiled_step  # noqa: E402
-from gmlx_training.train_default import batches, corpus_files, encode_all, read, split_files  # noqa: E402
+from gmlx_training.stdlib_corpus import batches, corpus_files, encode_all, read, split_files  # noqa: E402
 
 DRAFT_DIR = "draft"
 GMLX_KEYS = ("speculative_width_cap", "num_draft_tokens")  # the target's engine defaults, not a draft's

@@ -23,7 +23,7 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx: benchmarks import this module t
 import mlx.core as mx
 import numpy as np
 
-from gmlx.policy import caps
+from gmlx.policy import user_config
 from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.data import load_prompts
 from gmlx.engine import Engine
@@ -135,7 +135,7 @@ def soak(lm: LoadedModel, profile: Profile, seed: int, config_path: str | Path, 
     texts = load_prompts()
     tokens = [list(lm.tokenizer.encode(t)) for t in texts]
     try:
-        use_private_config(config_path, caps.model_key(None if lm.path == default_model_path() else lm.path))
+        use_private_config(config_path, user_config.model_key(None if lm.path == default_model_path() else lm.path))
         set_cap("4")  # the model's default, to start from
         eng = Engine(lm, EngineConfig(width_cap=None), switches=Switches(preempt=True, resume=True))
         try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gmlx.policy import caps
+from gmlx.policy import user_config
 from gmlx.config import SamplingParams
 from gmlx.engine import Engine
 from gmlx.engine.stream import FinalRecord
@@ -131,10 +131,10 @@ def set_cap(value: str) -> None:
     WIDTH_CAP.put(None if value == "off" else value)
 
 
-def use_private_config(path, model_key: str = caps.DEFAULT_MODEL_KEY) -> None:
+def use_private_config(path, model_key: str = user_config.DEFAULT_MODEL_KEY) -> None:
     """Point GMLX_CONFIG at a file of the run's own, whose entry says "off" (never the user's)."""
     CONFIG.put(str(path))
-    caps.write_cap(model_key, caps.OFF, path=path, source="soak")
+    user_config.write_cap(model_key, user_config.OFF, path=path, source="soak")
 
 
 def _client(eng: Engine, out: Outcome, timeout: float) -> None:

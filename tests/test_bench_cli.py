@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from cli_helpers import run, use_model
 
-from gmlx.policy import caps
+from gmlx.policy import user_config
 from gmlx.config import SamplingParams
 from gmlx.errors import InvalidRequest
 from gmlx.engine.metrics import Event, EventKind
@@ -204,7 +204,7 @@ def test_sweep_cap_write_lands_in_the_temp_config(tmp_path):
     assert {"plain_tokens_per_s", "spec", "best_k", "speedup"} <= obj["per_width"][0].keys()
     cap = obj["recommended_cap"]
     assert cap in (1, 2, "off") and obj["written"] == os.environ["GMLX_CONFIG"]
-    entry = caps.read_user_entry(caps.DEFAULT_MODEL_KEY, path=os.environ["GMLX_CONFIG"])
+    entry = user_config.read_user_entry(user_config.DEFAULT_MODEL_KEY, path=os.environ["GMLX_CONFIG"])
     assert entry.cap == cap and entry.source == "sweep-cap"
     assert only(tmp_path, "sweep-*.png") and only(tmp_path, "sweep-*-measurements.csv")
 
@@ -225,7 +225,7 @@ def test_sweep_cap_k_per_width_and_validate(tmp_path, monkeypatch):
     assert r.code == 0, r.stderr
     obj = json.loads(r.stdout)
     assert obj["recommended_cap"] == 2
-    entry = caps.read_user_entry(caps.DEFAULT_MODEL_KEY, path=os.environ["GMLX_CONFIG"])
+    entry = user_config.read_user_entry(user_config.DEFAULT_MODEL_KEY, path=os.environ["GMLX_CONFIG"])
     assert entry.cap == 2 and dict(entry.k_by_width) == {1: 3, 2: 2}
     v = obj["validate"]  # the real A/B at the new cap, on a join-late workload
     assert v["cap"] == 2 and len(v["cells"]) == 4
@@ -240,7 +240,7 @@ def test_sweep_cap_off_when_speculation_never_wins(tmp_path, monkeypatch):
             "--out", str(tmp_path))
     assert r.code == 0, r.stderr
     assert json.loads(r.stdout)["recommended_cap"] == "off"  # width 2 loses: not 0 (= uncapped)
-    assert caps.read_user_entry(caps.DEFAULT_MODEL_KEY, path=os.environ["GMLX_CONFIG"]).cap == "off"
+    assert user_config.read_user_entry(user_config.DEFAULT_MODEL_KEY, path=os.environ["GMLX_CONFIG"]).cap == "off"
 
 
 def test_sweep_cap_ctrl_c_writes_partial_and_no_cap(tmp_path, monkeypatch):

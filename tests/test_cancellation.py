@@ -14,7 +14,7 @@ from typing import Callable
 import pytest
 
 from engine_helpers import active_memory, check_solo, drive, engine, P, solo, waiting
-from gmlx.kv import cache_nbytes
+from gmlx.model_cache import cache_nbytes
 from gmlx.engine.metrics import EventKind
 from gmlx.engine.peers import Alone
 from gmlx.policy.admission import Mode

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gmlx.policy import caps
-from gmlx.policy.caps import CapDecision, machine_key, read_user_entry, resolve_cap, write_cap
+from gmlx.policy import user_config
+from gmlx.policy.caps import CapDecision, resolve_cap
+from gmlx.policy.user_config import machine_key, read_user_entry, write_cap
 from gmlx.policy.toml_write import dumps_toml
 from gmlx.errors import ConfigError
 
@@ -181,10 +182,10 @@ def test_edit_is_seen_without_restart(cfg):
 def test_config_path(monkeypatch, tmp_path):
     monkeypatch.delenv("GMLX_CONFIG")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    assert caps.config_path() == tmp_path / "gmlx" / "config.toml"
+    assert user_config.config_path() == tmp_path / "gmlx" / "config.toml"
     monkeypatch.setenv("XDG_CONFIG_HOME", "relative/dir")  # invalid per the XDG spec: ignored
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert caps.config_path() == tmp_path / "home" / ".config" / "gmlx" / "config.toml"
+    assert user_config.config_path() == tmp_path / "home" / ".config" / "gmlx" / "config.toml"
 
 
 def test_machine_key_is_stable_and_tidy():
@@ -198,8 +199,8 @@ def test_machine_key_is_stable_and_tidy():
 def test_model_key(tmp_path):
     from gmlx.models.loading import default_model_path
 
-    assert caps.model_key(None) == caps.model_key(default_model_path()) == "gmlx-default"
-    assert caps.model_key(tmp_path / "x" / ".." / "m") == str((tmp_path / "m").resolve())
+    assert user_config.model_key(None) == user_config.model_key(default_model_path()) == "gmlx-default"
+    assert user_config.model_key(tmp_path / "x" / ".." / "m") == str((tmp_path / "m").resolve())
 
 
 def test_str_of_decision():

@@ -91,7 +91,7 @@ def test_it_stops_drafting_once_rounds_show_it_loses(lm, prompts):
 def test_the_engine_follows_a_calibrated_plain_width_one(lm, prompts, monkeypatch, tmp_path):
     """num_draft_tokens_by_width {1 = 0} (sweep-cap measured that a lone request loses): lone
     requests decode plain; a batch still speculates within the cap."""
-    from gmlx.policy.caps import DEFAULT_MODEL_KEY, write_cap
+    from gmlx.policy.user_config import DEFAULT_MODEL_KEY, write_cap
 
     monkeypatch.setenv("GMLX_CONFIG", str(tmp_path / "config.toml"))
     write_cap(DEFAULT_MODEL_KEY, 0, k_by_width={1: 0, 2: 3})  # as sweep-cap --write would

@@ -1,5 +1,5 @@
 """EAGLE-3 heads in their public layout (`--drafter eagle3 --draft-model PATH`,
-gmlx/heads/eagle3_head.py), on tiny random llama and qwen3 targets with tiny random checkpoints
+gmlx/heads/eagle3_*.py), on tiny random llama and qwen3 targets with tiny random checkpoints
 written with the released tensor names: the captured residual streams against a manual layer
 loop, which layers (the default and `eagle_aux_hidden_state_layer_ids`), the layout checks, the
 engine's oracle (every stream equals its solo plain stream, greedy and seeded, through scalar,
@@ -20,7 +20,7 @@ from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.errors import GmlxError, ModelLoadError
 from gmlx.drafters.eagle3 import load_eagle3
-from gmlx.heads.eagle3_head import AuxTarget, layers_entering
+from gmlx.heads.eagle3_streams import AuxTarget, layers_entering
 from gmlx.models.loading import load
 
 FAMILIES = ["llama", "qwen3"]

@@ -23,7 +23,7 @@ from engine_helpers import solo, with_eos
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.engine.metrics import EventKind
-from gmlx.kv import row_lengths
+from gmlx.model_cache import row_lengths
 from gmlx.row import ALLOWED, RowState
 from gmlx.policy.admission import Mode
 from numerics import compare_tokens

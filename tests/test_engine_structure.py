@@ -8,7 +8,7 @@ plain references, so a structural pass never hides a content failure.
 import pytest
 
 from engine_helpers import check_solo, drive, engine, P, solo, waiting
-from gmlx.kv import row_lengths
+from gmlx.model_cache import row_lengths
 from gmlx.engine.metrics import EventKind
 from gmlx.policy.admission import Mode
 

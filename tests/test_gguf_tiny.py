@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from gmlx.gguf.convert import GGUFError, convert_gguf, dequantized, hf_name, quantization, read_origin
+from gmlx.gguf.convert import GGUFError, convert_gguf, read_origin
+from gmlx.gguf.llama_layout import dequantized, hf_name, quantization
 from gmlx.gguf.reader import load_tensors, read_header
 from gmlx.models.loading import load
 from test_cli import run as cli_run

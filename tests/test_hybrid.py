@@ -33,11 +33,11 @@ from gmlx.models.forward import prefill
 from gmlx.decode.scalar import ScalarLane
 from gmlx.drafters.draft_model import DraftModelDrafter
 from gmlx.drafters.mtp import MTPDrafter
-from gmlx.kv import extract_row, lift_caches, make_ragged_cache, trim_rows
+from gmlx.model_cache import extract_row, lift_caches, make_ragged_cache, recurrent_layers, trim_rows
 from gmlx.models import family
 from gmlx.models.loading import load
 from gmlx.models.gated_delta import install
-from gmlx.recurrent import RecurrentCache, recurrent_layers
+from gmlx.recurrent import RecurrentCache
 from gmlx.engine.oracle import decode_alone, make_row, run_scalar
 from doubles import ScriptedDrafter
 from native_checkpoints import qwen3_5_checkpoint, qwen3_next_checkpoint

@@ -11,8 +11,8 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from gmlx.kv import (
-    RaggedKVCache,
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import (
     cache_nbytes,
     extend_rows,
     extract_row,

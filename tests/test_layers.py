@@ -1,11 +1,13 @@
-"""The package's shape: layers import downward only, and no file name is used twice.
+"""The package's shape: layers import downward only, no file name is used twice, and no file is
+over MAX_LINES (one concept per file).
 
 Every module's imports are read with `ast` (those inside functions and under TYPE_CHECKING too:
 a lazy import is still a dependency). A module may import its own layer or a lower one; the
 layers, lowest first (docs/design.md §4):
 
     foundations   errors, switches, finish, timing, compiled, blas, machine, config, data (prompts), weights
-    pieces        recurrent, processors, sampling, kv, prompt_cache, request_stats, row, trace
+    pieces        recurrent (and its journal), processors, sampling, kv, model_cache, prompt_cache,
+                  request_stats, row, trace
     models        the target: adapter, family, checkpoint, dequantized, gated_delta, forward
     heads, gguf   drafter heads; the GGUF reader and converter
     loading       models/loading.py: a target with its head, from any source
@@ -29,7 +31,8 @@ PACKAGE = ROOT / "gmlx"
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "switches", "finish", "timing", "compiled", "blas", "machine", "config", "data", "weights"),
-    ("recurrent", "processors", "sampling", "kv", "prompt_cache", "request_stats", "row", "trace"),
+    ("recurrent", "recurrent_journal", "processors", "sampling", "kv", "model_cache", "prompt_cache",
+     "request_stats", "row", "trace"),
     ("models",),
     ("heads", "gguf"),
     ("models.loading",),
@@ -135,3 +138,13 @@ def test_the_check_sees_what_it_forbids():
 def test_no_file_name_twice():
     names = Counter(p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
     assert [n for n, c in names.items() if c > 1] == []
+
+
+MAX_LINES = 300  # the code standard: one concept per file, files under ~300 lines
+SIZED = ("gmlx", "gmlx_cli")
+
+
+def test_no_file_over_max_lines():
+    long = {str(p.relative_to(ROOT)): n for folder in SIZED for p in (ROOT / folder).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these by concept (one concept per file, under {MAX_LINES} lines): {long}"

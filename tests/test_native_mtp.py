@@ -23,7 +23,8 @@ from mlx_lm.models.cache import KVCache
 from engine_helpers import drive, engine, speculates, with_eos
 from gmlx import SamplingParams
 from gmlx.errors import NoDrafterError
-from gmlx.kv import RaggedKVCache, trim_rows
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import trim_rows
 from gmlx.heads.bound import BoundHead
 from gmlx.models.loading import load, no_drafter_message, no_rollback_message
 from gmlx.engine.oracle import run_scalar

@@ -6,7 +6,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "gmlx"
 GRAPH_BUILDERS = ["sampling.py", "drafters/base.py", "drafters/mtp.py", "drafters/draft_model.py",
                   "drafters/assistant.py", "models/adapter.py", "heads/mtp_head.py", "heads/bound.py",
-                  "heads/native_mtp.py", "heads/assistant_head.py", "kv.py"]
+                  "heads/native_mtp.py", "heads/assistant_head.py", "kv.py", "model_cache.py",
+                  "recurrent_journal.py"]
 
 
 def test_engine_never_imports_ui_libraries():

@@ -28,7 +28,8 @@ from gmlx.decode.verify import verified
 from gmlx.row import RoundResult
 from gmlx.drafters.base import DraftPick, Drafter
 from gmlx import trace
-from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import extend_rows, filter_rows, trim_rows
 from gmlx.row import Row
 from gmlx.models.adapter import Target
 from gmlx.processors import attach, processed, scored

@@ -16,7 +16,8 @@ import numpy as np
 
 from gmlx.finish import FinishReason
 from gmlx.row import Row
-from gmlx.kv import RaggedKVCache, extend_rows, extract_row, lift_caches, make_ragged_cache, trim_rows
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import extend_rows, extract_row, lift_caches, make_ragged_cache, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.models.forward import prefill
 from gmlx.processors import Context, apply, token_logprobs, unpack

@@ -29,7 +29,8 @@ from gmlx.row import RoundResult
 from gmlx.drafters.base import DraftPick, Drafter
 from gmlx import trace
 from gmlx.row import Row
-from gmlx.kv import RaggedKVCache, lift_caches
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import lift_caches
 from gmlx.models.adapter import Target
 from gmlx.decode.probe import reconfirmed, round_costs
 from gmlx.policy.adaptive import AcceptanceEstimate

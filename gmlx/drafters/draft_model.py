@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, make_ragged_cache, trim_rows
-from gmlx.recurrent import reach
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import extend_rows, filter_rows, make_ragged_cache, reach, trim_rows
 from gmlx.models.adapter import Target
 from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
 from gmlx.models.forward import prefill

@@ -1,12 +1,13 @@
 """The EAGLE-3 drafter: the MTP drafter's state and rollback around an EAGLE-3 head
-(gmlx/heads/eagle3_head.py: the head, its checkpoint layout and loading)."""
+(gmlx/heads/eagle3_head.py: the head; eagle3_checkpoint.py: its checkpoint layout and loading)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from gmlx.drafters.mtp import MTPDrafter
-from gmlx.heads.eagle3_head import KIND, load_eagle3_head
+from gmlx.heads.eagle3_checkpoint import load_eagle3_head
+from gmlx.heads.eagle3_head import KIND
 
 
 class Eagle3Drafter(MTPDrafter):

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from gmlx.kv import RaggedKVCache, extend_rows, filter_rows, trim_rows
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import extend_rows, filter_rows, trim_rows
 from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
 
 

@@ -217,7 +217,7 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
 
 def _eagle3(lm, path) -> DrafterChoice:
     """An EAGLE-3 head from its checkpoint directory: the engine runs on the model's view that
-    captures the target layers the head reads (gmlx/heads/eagle3_head.py)."""
+    captures the target layers the head reads (gmlx/heads/eagle3_streams.py)."""
     if path is None or isinstance(path, LoadedModel):
         raise NoDrafterError("drafter 'eagle3' needs the EAGLE-3 checkpoint directory (--draft-model PATH)")
     if not lm.can_rollback:

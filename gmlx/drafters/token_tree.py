@@ -28,7 +28,8 @@ from gmlx.drafters.base import DraftPick, Drafter, take_rows_at
 from gmlx.drafters.mtp import MTPDrafter, MTPRows
 from gmlx.drafters.ngram import NGramDrafter, NGramRows
 from gmlx.drafters.prediction import PredictionDrafter
-from gmlx.kv import RaggedKVCache, trim_rows
+from gmlx.kv import RaggedKVCache
+from gmlx.model_cache import trim_rows
 from gmlx.sampling import RowSampling, filter_logprobs, gumbel_noise
 
 

@@ -13,7 +13,7 @@ import warnings
 
 from gmlx import switches
 from gmlx.errors import ConfigError
-from gmlx.policy import caps
+from gmlx.policy import caps, user_config
 
 
 class CapWatch:
@@ -34,7 +34,7 @@ class CapWatch:
 
     @staticmethod
     def _inputs() -> tuple:
-        return switches.WIDTH_CAP.raw(), caps.config_stamp()
+        return switches.WIDTH_CAP.raw(), user_config.config_stamp()
 
     def read(self) -> caps.CapDecision:
         """The next round's decision: the one in force unless the env or the config file changed.

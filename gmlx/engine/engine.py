@@ -31,7 +31,7 @@ from gmlx.engine.speculation import Speculation
 from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.finish import FinishReason
 from gmlx.models.loading import LoadedModel, default_model_path, load
-from gmlx.policy import admission, caps
+from gmlx.policy import admission, caps, user_config
 from gmlx.policy.admission import Mode, Plan, Round, Transition
 from gmlx.policy.costs import Costs
 from gmlx.prompt_cache import PromptCache
@@ -66,7 +66,7 @@ class Engine:
                            may_go_plain=self.config.num_draft_tokens is None, **tree)
         if self.peers.measures_alone:  # else with the peers, once they all have the engine
             self.measure_round_costs()
-        self.model_key = (caps.model_key(None if self.lm.path == default_model_path() else self.lm.path)
+        self.model_key = (user_config.model_key(None if self.lm.path == default_model_path() else self.lm.path)
                           + choice.cap_key_suffix)
         # A broken user config or cap variable is an error here, at engine start, not mid-run.
         self.caps = CapWatch(self.config.width_cap, self.model_key, choice.cap_defaults, self.config.num_draft_tokens,

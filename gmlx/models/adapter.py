@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from gmlx import recurrent
+from gmlx import model_cache
 from gmlx.models import gated_delta
 from gmlx.errors import ModelLoadError
 from gmlx.models import dequantized
@@ -101,7 +101,7 @@ class Target:
 
     def make_cache(self) -> list:
         caches = make_prompt_cache(self.model)
-        return caches if self.recurrent_blockers else recurrent.wrap_caches(caches)
+        return caches if self.recurrent_blockers else model_cache.wrap_caches(caches)
 
     def check(self) -> None:
         """Load-time checks, each comparing like with like:

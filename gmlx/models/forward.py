@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from gmlx import recurrent
+from gmlx import model_cache
 from gmlx.models.adapter import Target
 
 
@@ -16,7 +16,7 @@ def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, wan
     longest = max((len(b) for b in bodies), default=0)
     # Recurrent layers run mlx-lm's own code here, its masked path for right-padded rows: each
     # row's state stops where its tokens end, the padding is trimmed like the KV's (gmlx/recurrent.py).
-    hybrid = recurrent.begin_prefill(cache, [len(b) for b in bodies])
+    hybrid = model_cache.begin_prefill(cache, [len(b) for b in bodies])
     hiddens = []
     for i in range(0, longest, step):
         n = min(step, longest - i)
@@ -29,7 +29,7 @@ def prefill(target: Target, cache: list, bodies: list[list[int]], step: int, wan
             target.run_backbone(chunk, cache=cache)
             mx.eval([c.state for c in cache])  # sync: bound the graph per prefill chunk
     if hybrid:
-        recurrent.end_prefill(cache)
+        model_cache.end_prefill(cache)
     if not want_hidden or not hiddens:
         return None
     return hiddens[0] if len(hiddens) == 1 else mx.concatenate(hiddens, axis=1)

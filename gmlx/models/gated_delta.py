@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from gmlx.recurrent import RecurrentCache, recurrent_layers
+from gmlx.model_cache import recurrent_layers
+from gmlx.recurrent import RecurrentCache
 
 _GDN_PROJ = {"qwen3_next": ("in_proj_qkvz", "in_proj_ba"), "qwen3_5": ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
 _GDN_COMMON = ("conv1d", "A_log", "dt_bias", "norm", "out_proj", "conv_kernel_size", "conv_dim", "key_dim",

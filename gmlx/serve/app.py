@@ -36,9 +36,10 @@ from gmlx.engine import intake
 from gmlx.engine.stream import FinalRecord, Stream
 from gmlx.errors import EngineClosed, GmlxError, InvalidRequest, Overloaded
 from gmlx.finish import FinishReason
+from gmlx.serve.api_error import ApiError, bad
 from gmlx.serve.bridge import EventStream, Pumps, watch_disconnect
+from gmlx.serve.openai_wire import GenRequest, parse_chat, parse_completion
 from gmlx.serve.prometheus import CONTENT_TYPE, ServeMetrics
-from gmlx.serve.openai_wire import ApiError, GenRequest, bad, parse_chat, parse_completion
 from gmlx.serve.responses import DONE, Reply, sse
 
 MAX_BODY_BYTES = 1 << 20

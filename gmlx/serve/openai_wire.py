@@ -1,5 +1,6 @@
 """The OpenAI wire protocol, requests side: a JSON body -> a validated `GenRequest`, or an ApiError
-carrying OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`).
+carrying OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`: api_error.py).
+Chat's own fields (messages, tools, template kwargs, role mapping) are read by chat_wire.py.
 
 Validation is strict, so that a client never gets silently different behaviour from what it asked:
 - an unknown field is a 400 naming it;
@@ -24,12 +25,13 @@ template), and `return_token_ids` (the response carries `prompt_token_ids` and e
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 
 from gmlx.config import MAX_LOGPROBS, SamplingParams
 from gmlx.errors import InvalidRequest
+from gmlx.serve.api_error import ApiError, bad, show
+from gmlx.serve.chat_wire import parse_messages, parse_role_mapping, parse_template_kwargs, parse_tools
 from gmlx.serve.prediction_wire import parse_prediction
 
 # OpenAI's defaults: completions generate 16 tokens unless told; temperature 1 samples.
@@ -53,29 +55,6 @@ NOOP_VALUES: dict[str, dict[str, tuple]] = {
     "chat": {"tool_choice": (None, "none", "auto"), "parallel_tool_calls": _ANY_BOOL,
              "response_format": (None, {"type": "text"}), "functions": (None, []), "function_call": (None, "none")},
 }
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-# keys a message may carry besides role and content, per role (anything else non-null is a 400)
-_MESSAGE_KEYS = {"assistant": {"name", "tool_calls"}, "tool": {"name", "tool_call_id"}}
-# chat_template_kwargs may not override how gmlx calls the template
-_TEMPLATE_RESERVED = {"conversation", "messages", "tools", "tokenize", "return_dict", "add_generation_prompt",
-                      "continue_final_message", "return_tensors"}
-
-
-class ApiError(Exception):
-    """An HTTP error with OpenAI's error object as its body."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
 
 
 @dataclass(frozen=True)
@@ -121,7 +100,7 @@ def _typed(body: dict, name: str, kinds: tuple, what: str):
     if v is None:
         return None
     if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-        raise bad(f"`{name}` must be {what}, got {_show(v)}", name)
+        raise bad(f"`{name}` must be {what}, got {show(v)}", name)
     if isinstance(v, float) and not math.isfinite(v):
         raise bad(f"`{name}` must be a finite number, got {v}", name)
     return v
@@ -137,11 +116,6 @@ def _num(body, name):
 
 def _bool(body, name):
     return _typed(body, name, (bool,), "true or false")
-
-
-def _show(v) -> str:
-    s = repr(v) if not isinstance(v, (dict, list)) else type(v).__name__
-    return s if len(s) <= 40 else s[:37] + "..."
 
 
 def _check_fields(body: dict, kind: str, allowed: set[str]) -> None:
@@ -166,12 +140,12 @@ def _noop_text(values: tuple) -> str:
 def _common(body: dict, kind: str, max_tokens: int | None, served: str) -> dict:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad(f"`model` must be a string, got {_show(model)}", "model")
+        raise bad(f"`model` must be a string, got {show(model)}", "model")
     if model is not None and model != served:
         raise ApiError(404, f"the model `{model}` does not exist; this server serves `{served}` (GET /v1/models)",
                        param="model", code="model_not_found")
     if (user := body.get("user")) is not None and not isinstance(user, str):
-        raise bad(f"`user` must be a string, got {_show(user)}", "user")
+        raise bad(f"`user` must be a string, got {show(user)}", "user")
     n = _int(body, "n")
     if n is not None and not 1 <= n <= MAX_N:
         raise bad(f"`n` must be an integer in [1, {MAX_N}], got {n}", "n")
@@ -226,7 +200,7 @@ def _logit_bias(bias) -> dict | None:
     if bias is None:
         return None
     if not isinstance(bias, dict):
-        raise bad(f"`logit_bias` must be an object mapping token ids to numbers, got {_show(bias)}", "logit_bias")
+        raise bad(f"`logit_bias` must be an object mapping token ids to numbers, got {show(bias)}", "logit_bias")
     out = {}
     for k, v in bias.items():
         try:
@@ -234,9 +208,9 @@ def _logit_bias(bias) -> dict | None:
         except (TypeError, ValueError):
             tok = None
         if tok is None or str(tok) != str(k).strip() or tok < 0:
-            raise bad(f"`logit_bias` keys must be token ids (integers >= 0), got {_show(k)}", "logit_bias")
+            raise bad(f"`logit_bias` keys must be token ids (integers >= 0), got {show(k)}", "logit_bias")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise bad(f"`logit_bias` values must be numbers in [-100, 100], got {_show(v)} for token {tok}",
+            raise bad(f"`logit_bias` values must be numbers in [-100, 100], got {show(v)} for token {tok}",
                       "logit_bias")
         out[tok] = float(v)
     return out
@@ -302,106 +276,7 @@ def parse_chat(body: dict, served: str) -> GenRequest:
     if a is not None and b is not None and a != b:
         raise bad("`max_tokens` and `max_completion_tokens` differ; send one of them", "max_tokens")
     common = _common(body, "chat", a if a is not None else b, served)
-    return GenRequest(kind="chat", messages=_messages(body.get("messages")), tools=_tools(body.get("tools")),
-                      chat_template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
-                      role_mapping=_role_mapping(body.get("role_mapping")), **common)
-
-
-def _tools(tools) -> list | None:
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise bad("`tools` must be a list of tool objects ({\"type\": \"function\", \"function\": {...}})", "tools")
-    return tools
-
-
-def _template_kwargs(kw) -> dict:
-    if kw is None:
-        return {}
-    if not isinstance(kw, dict):
-        raise bad(f"`chat_template_kwargs` must be an object, got {_show(kw)}", "chat_template_kwargs")
-    reserved = sorted(set(kw) & _TEMPLATE_RESERVED)
-    if reserved:
-        raise bad(f"`chat_template_kwargs.{reserved[0]}` is set by gmlx and cannot be overridden",
-                  f"chat_template_kwargs.{reserved[0]}")
-    return dict(kw)
-
-
-def _role_mapping(rm) -> dict | None:
-    if rm is None:
-        return None
-    if not isinstance(rm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in rm.items()):
-        raise bad("`role_mapping` must be an object of strings (mlx_lm.server's role prefixes)", "role_mapping")
-    return rm
-
-
-def _messages(msgs) -> list[dict]:
-    """Messages for the chat template, as clients send them: content a string, a list of text
-    parts (joined), or null on an assistant message with `tool_calls`; `tool` messages with their
-    `tool_call_id`. Tool-call arguments given as a JSON string are parsed to an object (what
-    chat templates expect, as mlx_lm.server does). Images, audio and other parts are a 400."""
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("`messages` must be a non-empty list of {role, content} objects", "messages")
-    out = []
-    for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad(f"`{where}` must be an object with `role` and `content`", where)
-        role = m.get("role")
-        if role not in _ROLES:
-            raise bad(f"`{where}.role` must be one of system, developer, user, assistant, tool, got {_show(role)}",
-                      f"{where}.role")
-        role = _ROLES[role]
-        allowed = _MESSAGE_KEYS.get(role, {"name"})
-        for k, v in m.items():
-            if k not in ("role", "content") and k not in allowed and v is not None:
-                raise bad(f"`{where}.{k}` is not supported by gmlx", f"{where}.{k}", "unsupported_parameter")
-        msg = {"role": role}
-        calls = m.get("tool_calls") if role == "assistant" else None
-        if calls is not None:
-            msg["tool_calls"] = _tool_calls(calls, where)
-        content = m.get("content")
-        msg["content"] = "" if content is None and calls else _content(content, where)
-        if isinstance(m.get("name"), str):
-            msg["name"] = m["name"]
-        if role == "tool":
-            if not isinstance(m.get("tool_call_id"), str):
-                raise bad(f"`{where}.tool_call_id` must be a string (the id of the call it answers)",
-                          f"{where}.tool_call_id")
-            msg["tool_call_id"] = m["tool_call_id"]
-        out.append(msg)
-    return out
-
-
-def _tool_calls(calls, where: str) -> list[dict]:
-    if not isinstance(calls, list):
-        raise bad(f"`{where}.tool_calls` must be a list", f"{where}.tool_calls")
-    out = []
-    for j, c in enumerate(calls):
-        w = f"{where}.tool_calls[{j}]"
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad(f"`{w}` must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}",
-                      f"{where}.tool_calls")
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise bad(f"`{w}.function.arguments` is not valid JSON", f"{where}.tool_calls") from None
-        out.append({**c, "function": {**fn, "arguments": args if args is not None else {}}})
-    return out
-
-
-def _content(c, where: str) -> str:
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list) and c:
-        texts = []
-        for j, part in enumerate(c):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"`{where}.content[{j}]` must be a text part ({{\"type\": \"text\", \"text\": ...}});"
-                          " gmlx serves text only", f"{where}.content[{j}]", "unsupported_parameter")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise bad(f"`{where}.content` must be a string or a list of text parts", f"{where}.content")
+    return GenRequest(kind="chat", messages=parse_messages(body.get("messages")),
+                      tools=parse_tools(body.get("tools")),
+                      chat_template_kwargs=parse_template_kwargs(body.get("chat_template_kwargs")),
+                      role_mapping=parse_role_mapping(body.get("role_mapping")), **common)

@@ -8,7 +8,7 @@ lone request's K instead.
 
 from __future__ import annotations
 
-from gmlx.policy import caps
+from gmlx.policy import user_config
 
 
 def recommend(summary: list[dict], margin: float) -> int | str:
@@ -16,7 +16,7 @@ def recommend(summary: list[dict], margin: float) -> int | str:
     smallest batch width already loses (distinct from 0, which means uncapped). Width 1 does not
     bound the cap (one request runs the scalar lane, which the cap never gates); it calibrates the
     lone request's own K instead (`lone_request_k`)."""
-    cap: int | str = caps.OFF
+    cap: int | str = user_config.OFF
     for row in sorted(summary, key=lambda r: r["width"]):
         if row["width"] < 2:
             continue
@@ -41,7 +41,7 @@ def explain(summary: list[dict], margin: float, cap: int | str) -> str:
     if lost is None:
         return f"speculation beat plain by the {margin:g}x margin at every measured width up to {cap}"
     why = f"at width {lost['width']} speculation ran at {_x(lost['speedup'])} plain, below the {margin:g}x margin"
-    if cap != caps.OFF:
+    if cap != user_config.OFF:
         why = f"speculation won at every width up to {cap}; {why}"
     later = [r for r in batch if r["width"] > lost["width"] and r["speedup"] >= margin]
     if later:
@@ -64,4 +64,4 @@ def at_cap(width: int, cap: int | str, k_by_width: dict[int, int] | None = None)
     """What runs at this width under `cap` and the per-width K (the table's "at cap" column)."""
     if width < 2:  # one request: the scalar lane, speculating unless width 1 was calibrated plain
         return "plain" if (k_by_width or {}).get(1) == 0 else "scalar"
-    return "spec" if cap != caps.OFF and width <= cap else "plain"
+    return "spec" if cap != user_config.OFF and width <= cap else "plain"

@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from gmlx import blas
-from gmlx.policy import caps
+from gmlx.policy import user_config
 from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.engine import Engine
 from gmlx.errors import InvalidRequest
@@ -111,7 +111,7 @@ def recommend_and_store(summary: list[dict], ks: list[int], margin: float, cap, 
     from gmlx_cli.bench import sweep_results
 
     payload["recommendation"] = explain(summary, margin, cap)
-    k_by_width = {r["width"]: r["best_k"] for r in summary if cap != caps.OFF and 2 <= r["width"] <= cap}
+    k_by_width = {r["width"]: r["best_k"] for r in summary if cap != user_config.OFF and 2 <= r["width"] <= cap}
     k_by_width.update(lone_request_k(summary, margin))
     payload["num_draft_tokens_by_width"] = k_by_width
     print_table("speculative vs plain, aggregate tokens/s (steady state, medians)",
@@ -122,7 +122,7 @@ def recommend_and_store(summary: list[dict], ks: list[int], margin: float, cap, 
         print(f"a lone request: {'K = %d' % k_by_width[1] if k_by_width[1] else 'plain (speculation lost at width 1)'}",
               file=human, flush=True)
     if write:
-        path = caps.write_cap(mkey, cap, k_by_width=k_by_width or None, machine=machine)
+        path = user_config.write_cap(mkey, cap, k_by_width=k_by_width or None, machine=machine)
         payload["written"] = str(path)
         print(f"wrote speculative_width_cap = {cap} for {mkey} on {machine} to {path}", file=human, flush=True)
 
@@ -190,7 +190,7 @@ def sweep_cap(
     cap = recommend(summary, margin) if summary and not interrupted else None
     if cap is not None:
         ideal.annotate(summary, lm, config)
-    mkey, machine = Engine(lm, config(ks[0])).model_key, caps.machine_key()
+    mkey, machine = Engine(lm, config(ks[0])).model_key, user_config.machine_key()
     payload = {"meta": results.metadata(command="sweep-cap", model=lm.name, model_path=str(lm.path), options=options,
                                         interrupted=interrupted, model_key=mkey, machine_key=machine),
                "widths": ws, "num_draft_tokens": ks, "margin": margin, "max_tokens": max_tokens, "repeats": repeats,
@@ -223,7 +223,7 @@ def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats
     from gmlx_cli.bench.arms import plan_arms, run_matrix
     from gmlx_cli.bench.summary import PARTIAL_MARK
 
-    if cap == caps.OFF and not written:
+    if cap == user_config.OFF and not written:
         # EngineConfig.width_cap takes no "off"; the engine reads it only from the user config.
         ui.notice('--validate at cap "off" needs --write (the engine takes "off" from the user config only); skipped')
         return False
@@ -235,7 +235,7 @@ def _validate(lm, cap, written: bool, specs, max_tokens: int, seed: int, repeats
     for line in notices:
         ui.notice(line)
     arms = plan_arms("both", [], Switches(), True)
-    config = EngineConfig(width_cap=None if cap == caps.OFF else cap, drafter=drafter, draft_model=draft)
+    config = EngineConfig(width_cap=None if cap == user_config.OFF else cap, drafter=drafter, draft_model=draft)
     runs, interrupted = [], False
     view = LiveView(len(arms) * repeats * n, human)
     try:
