@@ -27,13 +27,13 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
 import mlx.core as mx
 
-from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx import EngineConfig
 from gmlx.config import Switches
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import default_model_path, load
 
-from common import command_line, write_result
+from common import command_line, run_burst, write_result
 
 # Held out from the SmolLM2 head's training prompts (gmlx_training/smollm2_prompts.py's templates).
 CODE_ASKS = ["Write a Python function that returns the second largest number in a list.",
@@ -76,19 +76,7 @@ def prompt_sets(lm, name: str) -> dict[str, list[list[int]]]:
 
 def burst(lm, arm: str, prompts: list[list[int]], previous: list[str] | None, max_tokens: int) -> dict:
     config, switches, predicted = ARMS[arm]
-    eng = Engine(lm, config, switches=switches)
-    t0 = time.perf_counter()
-    streams = [eng.submit(p, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                            prediction=previous[i] if predicted else None), start=False)
-               for i, p in enumerate(prompts)]
-    while eng.has_work:
-        eng.step()
-    dt = time.perf_counter() - t0
-    recs = [s.wait(5) for s in streams]
-    eng.close()
-    drafted = sum(r.stats["num_drafted"] for r in recs)
-    return {"tok_s": sum(len(r.tokens) for r in recs) / dt, "out": [r.tokens for r in recs],
-            "acc": sum(r.stats["num_accepted"] for r in recs) / drafted if drafted else None}
+    return run_burst(lm, prompts, max_tokens, config, switches, predictions=previous if predicted else None)
 
 
 def mlx_lm_draft(lm, draft, prompts: list[list[int]], max_tokens: int, k: int) -> dict:

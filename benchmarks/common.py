@@ -49,13 +49,15 @@ def ratio(per_rep: dict[str, list[dict]], x: str, y: str) -> float:
 
 
 def run_burst(lm, prompts, max_tokens: int, config: EngineConfig, switches: Switches = Switches(),
-              **engine_kwargs) -> dict:
-    """Submit every prompt at once (fixed length, EOS ignored) and step the engine to the end:
-    aggregate tokens/s including prefill, acceptance, transitions."""
+              predictions: list | None = None, **engine_kwargs) -> dict:
+    """Submit every prompt at once (greedy, fixed length, EOS ignored; `predictions`: each
+    request's predicted output) and step the engine to the end: aggregate tokens/s including
+    prefill, acceptance, transitions, and every request's tokens."""
     eng = Engine(lm, config, switches=switches, **engine_kwargs)
-    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
+    preds = predictions or [None] * len(prompts)
     t0 = time.perf_counter()
-    streams = [eng.submit(p, params, start=False) for p in prompts]
+    streams = [eng.submit(p, SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True, prediction=pred),
+                          start=False) for p, pred in zip(prompts, preds)]
     while eng.has_work:
         eng.step()
     dt = time.perf_counter() - t0
@@ -65,7 +67,7 @@ def run_burst(lm, prompts, max_tokens: int, config: EngineConfig, switches: Swit
     drafted = sum(r.stats["num_drafted"] for r in recs)
     accepted = sum(r.stats["num_accepted"] for r in recs)
     return {"tok_s": toks / dt, "tokens": toks, "acc": accepted / drafted if drafted else None,
-            "transitions": dict(eng.counters.transitions)}
+            "transitions": dict(eng.counters.transitions), "out": [r.tokens for r in recs]}
 
 
 def command_line(script: str, args) -> str:

@@ -203,7 +203,8 @@ class Engine:
         admitted = False
         for t in plan.transitions:
             if t is Transition.CAPTURE:  # the newcomers join first: the capture round arms them too
-                admitted = self._admit_planned(plan)
+                self._admit_planned(plan)
+                admitted = True
             self.lanes.apply(t, plan, self.service.pop)
             self.counters.transitions[t] += 1
             self._emit_event(lambda: Event(EventKind.TRANSITION, self.mode, len(self.live_rows()), transition=t,
@@ -211,12 +212,11 @@ class Engine:
         if not admitted:
             self._admit_planned(plan)
 
-    def _admit_planned(self, plan: Plan) -> bool:
+    def _admit_planned(self, plan: Plan) -> None:
         """The plan's queued requests join the batch (start_scalar took its one row itself; a
         second pop would grab a late submit)."""
         if plan.admit and Transition.START_SCALAR not in plan.transitions:
             self.lanes.admit(self.service.pop(plan.admit), plan.arm_newcomers)
-        return True
 
     def _round(self, kind: Round, steady: bool) -> tuple[list[Row], list[RoundResult], float, float] | None:
         """Run the plan's round and show it to the online control; returns its rows, their results,

@@ -135,7 +135,7 @@ class Service:
         request id (the step admits none newer), and the requests whose stream was cancelled
         (looked for only when a cancel() came since the last snapshot)."""
         with self._lock:
-            new = tuple(r for r in self._queue if r.rid > self._horizon)
+            new = self._newer_than(self._horizon)
             if new:
                 self._horizon = new[-1].rid
             scan = self._cancels != self._cancels_seen
@@ -151,7 +151,18 @@ class Service:
     def queued_through(self, horizon: int) -> int:
         """How many queued requests a step may admit: those numbered up to `horizon`."""
         with self._lock:
-            return sum(1 for r in self._queue if r.rid <= horizon)
+            return len(self._queue) - len(self._newer_than(horizon))
+
+    def _newer_than(self, rid: int) -> tuple[Row, ...]:
+        """The queued rows numbered after `rid`: the queue's tail (rows join in id order, and
+        leave from the front or by cancellation), so a step reads only what arrived since the
+        last, not the whole queue. Call with the lock held."""
+        tail = []
+        for r in reversed(self._queue):
+            if r.rid <= rid:
+                break
+            tail.append(r)
+        return tuple(reversed(tail))
 
     @property
     def has_queued(self) -> bool:
