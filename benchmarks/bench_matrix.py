@@ -3,7 +3,8 @@ lone request only), prompt lookup (ngram), a predicted output (re-asking with th
 as `prediction`) and what a user gets by default (the online control on) — per model, per prompt
 kind (code, chat), at c = 1, 2, 4 requests submitted together. Greedy, EOS ignored (every arm
 emits the same number of tokens: an arm that moved a token would show in `same tokens`).
-Where a draft model applies (the embedded model's shipped draft): gmlx's `draft` drafter, and
+On SmolLM2, its shipped EAGLE-3 head (`eagle3`: a chain; `eagle3_tree`: trees, c = 1) beside the
+MTP head. Where a draft model applies (the embedded model's shipped draft): gmlx's `draft` drafter, and
 mlx-lm's own speculative decoding (`speculative_generate_step`, the same draft and K) at c = 1
 (mlx-lm decodes one request at a time). SmolLM2-135M has no smaller model in its family here.
 
@@ -32,6 +33,7 @@ from gmlx.config import Switches
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import default_model_path, load
+from gmlx.weights import SMOLLM2_EAGLE3
 
 from common import command_line, run_burst, write_result
 
@@ -51,6 +53,10 @@ ARMS = {  # name: (EngineConfig, Switches, uses the previous answer as predictio
     "ngram": (EngineConfig(drafter="ngram", **FIXED), Switches(control=False), False),
     "prediction": (EngineConfig(drafter="mtp", **FIXED), Switches(control=False), True),
     "default": (EngineConfig(prompt_cache_bytes=0), Switches(control=True), False),
+    # SmolLM2's shipped EAGLE-3 head (gmlx_training/train_smollm2_eagle3.py), as a chain and as trees
+    "eagle3": (EngineConfig(drafter="eagle3", draft_model=str(SMOLLM2_EAGLE3), **FIXED), Switches(control=False), False),
+    "eagle3_tree": (EngineConfig(drafter="eagle3", draft_model=str(SMOLLM2_EAGLE3), **FIXED),
+                    Switches(control=False, tree=True), False),
     # the embedded model's shipped draft model, as gmlx runs it (beside mlx-lm's own, below)
     "draft": (EngineConfig(drafter="draft", draft_model=str(default_model_path() / "draft"), **FIXED),
               Switches(control=False), False),
@@ -98,6 +104,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--arms", default=",".join([*ARMS, "mlx_lm"]), help="arms to run (plain always runs)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     cs = [int(x) for x in a.concurrency.split(",")]
@@ -107,11 +114,14 @@ def main() -> None:
         draft = load(default_model_path() / "draft") if name == "embedded" else None
         for kind, pool in prompt_sets(lm, name).items():
             previous = [lm.tokenizer.decode(o) for o in burst(lm, "plain", pool, None, a.max_tokens)["out"]]
-            names = [arm for arm in ARMS if arm != "draft" or draft is not None]
+            chosen = {"plain", *a.arms.split(",")}
+            names = [arm for arm in ARMS if arm in chosen and (arm != "draft" or draft is not None)
+                     and (not arm.startswith("eagle3") or (name.startswith("smollm2") and SMOLLM2_EAGLE3.is_dir()))]
             for arm in names:  # warm-up: kernels, the probe, the allocator
                 burst(lm, arm, pool[:1], previous, 8)
             for c in cs:
-                arms = [arm for arm in names if arm != "tree" or c == 1] + (["mlx_lm"] if draft and c == 1 else [])
+                arms = ([arm for arm in names if not arm.endswith("tree") or c == 1]
+                        + (["mlx_lm"] if draft and c == 1 and "mlx_lm" in chosen else []))
                 reps: dict[str, list[dict]] = {arm: [] for arm in arms}
                 for rep in range(a.repeats):
                     for arm in arms if rep % 2 == 0 else list(reversed(arms)):
@@ -135,7 +145,8 @@ def main() -> None:
                 result["cells"].append(cell)
                 print("== " + ", ".join(f"{arm} {cell['speedup'][arm]:.2f}x" for arm in arms), flush=True)
     path = write_result(a.out, "matrix", result)
-    cols = list(ARMS) + ["mlx_lm"]  # mlx_lm: mlx-lm's speculative_generate_step with the same draft model
+    # mlx_lm: mlx-lm's speculative_generate_step with the same draft model
+    cols = [arm for arm in [*ARMS, "mlx_lm"] if any(arm in x["speedup"] for x in result["cells"])]
     lines = ["| model | prompts | c | plain tok/s | " + " | ".join(c for c in cols if c != "plain") + " |",
              "|---|---|---|---|" + "---|" * (len(cols) - 1)]
     for x in result["cells"]:

@@ -9,7 +9,9 @@ samples at T=0.8, the others are greedy. Each batch becomes one shard `DIR/{spli
 - tokens [N] int32: the rows' real tokens (prompt, then answer up to and including EOS), concatenated;
 - hidden [N, D] float16: the target's post-norm hidden after each token (its logits are hidden @ E^T);
 - argmax [N] int32: the target's greedy choice for the token after each one (exact, from fp32 logits);
-- starts [R+1] int64: row boundaries; prompt_len [R]; temp [R].
+- starts [R+1] int64: row boundaries; prompt_len [R]; temp [R];
+- aux [N, 3 D] float16 (with `--aux`): the residual streams entering the layers an EAGLE-3 head
+  reads (`gmlx.heads.eagle3_streams.layers_entering`: 2, 15 and 27 of SmolLM2's 30), concatenated.
 
 Prefill and decode both give hidden states, so every token the target reads is a training
 position. The run stops when the wall budget is spent (val shards first, then train), so a
@@ -32,6 +34,7 @@ import numpy as np  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache  # noqa: E402
 
 from gmlx.gguf import smollm2  # noqa: E402
+from gmlx.heads.eagle3_streams import tapped, layers_entering  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
 from gmlx_training.smollm2_prompts import build  # noqa: E402
 
@@ -45,14 +48,31 @@ def encode(lm, kind: str, text: str, max_len: int) -> list[int]:
     return list(ids)[-max_len:]
 
 
-def generate(target, prompts: list[list[int]], max_new: int, temp: float, eos: set[int]) -> list[dict]:
+class Taps:
+    """The target's backbone, optionally recording the streams an EAGLE-3 head reads (`aux`)."""
+
+    def __init__(self, target, aux: bool):
+        self.sink: dict = {}
+        self.entering = layers_entering({}, target.num_layers) if aux else ()
+        self.backbone = tapped(target.backbone, self.entering, self.sink) if aux else target.backbone
+
+    def __call__(self, x, cache=None):
+        self.sink.clear()
+        hid = self.backbone(x, cache=cache)
+        return hid, (mx.concatenate([self.sink[i] for i in self.entering], axis=-1).astype(mx.float16)
+                     if self.entering else None)
+
+
+def generate(target, prompts: list[list[int]], max_new: int, temp: float, eos: set[int],
+             taps: Taps | None = None) -> list[dict]:
     """Batched generation from left-padded prompts; per row its tokens, hidden states and argmaxes."""
+    taps = taps or Taps(target, False)
     B, P = len(prompts), max(len(p) for p in prompts)
     pad = [P - len(p) for p in prompts]
     x = mx.array(np.array([[0] * d + p for d, p in zip(pad, prompts)], dtype=np.int32))
     cache = [BatchKVCache(pad) for _ in target.backbone.layers]
-    hid = target.backbone(x, cache=cache)
-    hs, ams, toks = [hid], [], [x]
+    hid, a = taps(x, cache=cache)
+    hs, auxs, ams, toks = [hid], [a], [], [x]
     done = np.zeros(B, dtype=bool)
     ends = np.full(B, P + max_new, dtype=np.int64)
     for s in range(max_new):
@@ -66,30 +86,35 @@ def generate(target, prompts: list[list[int]], max_new: int, temp: float, eos: s
             done[b], ends[b] = True, P + s + 1
         if done.all() or s == max_new - 1:
             break
-        hs.append(target.backbone(nxt[:, None], cache=cache))
+        hid, a = taps(nxt[:, None], cache=cache)
+        hs.append(hid)
+        auxs.append(a)
     hidden = mx.concatenate(hs, axis=1).astype(mx.float16)
     argmax = mx.concatenate(ams, axis=1)
     tokens = mx.concatenate(toks, axis=1)
-    mx.eval(hidden, argmax, tokens)  # sync: the batch's results go to disk
-    hidden, argmax, tokens = np.array(hidden), np.array(argmax), np.array(tokens)
+    aux = mx.concatenate(auxs, axis=1) if taps.entering else mx.zeros((B, hidden.shape[1], 0), mx.float16)
+    mx.eval(hidden, argmax, tokens, aux)  # sync: the batch's results go to disk
+    hidden, argmax, tokens, aux = np.array(hidden), np.array(argmax), np.array(tokens), np.array(aux)
     rows = []
     for b in range(B):
         end = min(int(ends[b]), tokens.shape[1], hidden.shape[1])
         rows.append({"tokens": tokens[b, pad[b] : end], "hidden": hidden[b, pad[b] : end],
-                     "argmax": argmax[b, pad[b] : end], "prompt_len": len(prompts[b]), "temp": temp})
+                     "argmax": argmax[b, pad[b] : end], "aux": aux[b, pad[b] : end], "prompt_len": len(prompts[b]), "temp": temp})
     return rows
 
 
-def teacher_forced(target, windows: list[list[int]]) -> list[dict]:
+def teacher_forced(target, windows: list[list[int]], taps: Taps | None = None) -> list[dict]:
     """Rows of the same length read in one forward: no answer, every position is prompt."""
+    taps = taps or Taps(target, False)
     x = mx.array(np.array(windows, dtype=np.int32))
-    hid = target.backbone(x)
+    hid, aux = taps(x)
+    aux = aux if aux is not None else mx.zeros((*x.shape, 0), mx.float16)
     argmax = mx.argmax(target.lm_head(hid), axis=-1).astype(mx.int32)
     hid = hid.astype(mx.float16)
-    mx.eval(hid, argmax)  # sync: the batch's results go to disk
-    hid, argmax = np.array(hid), np.array(argmax)
-    return [{"tokens": np.array(w, dtype=np.int32), "hidden": hid[b], "argmax": argmax[b], "prompt_len": len(w),
-             "temp": -1.0} for b, w in enumerate(windows)]
+    mx.eval(hid, argmax, aux)  # sync: the batch's results go to disk
+    hid, argmax, aux = np.array(hid), np.array(argmax), np.array(aux)
+    return [{"tokens": np.array(w, dtype=np.int32), "hidden": hid[b], "argmax": argmax[b], "aux": aux[b],
+             "prompt_len": len(w), "temp": -1.0} for b, w in enumerate(windows)]
 
 
 def corpus_windows(lm, seq: int, seed: int):
@@ -111,7 +136,8 @@ def corpus_windows(lm, seq: int, seed: int):
 def save_shard(path: Path, rows: list[dict]) -> int:
     starts = np.cumsum([0] + [len(r["tokens"]) for r in rows])
     np.savez(path, tokens=np.concatenate([r["tokens"] for r in rows]).astype(np.int32),
-             hidden=np.concatenate([r["hidden"] for r in rows]), argmax=np.concatenate([r["argmax"] for r in rows]),
+             hidden=np.concatenate([r["hidden"] for r in rows]),
+             **({"aux": np.concatenate([r["aux"] for r in rows])} if rows[0]["aux"].shape[-1] else {}), argmax=np.concatenate([r["argmax"] for r in rows]),
              starts=starts, prompt_len=np.array([r["prompt_len"] for r in rows]),
              temp=np.array([r["temp"] for r in rows], dtype=np.float32))
     return int(starts[-1])
@@ -132,17 +158,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--corpus", action="store_true", help="teacher-forced text windows instead of answers")
     ap.add_argument("--corpus-seq", type=int, default=256)
+    ap.add_argument("--aux", action="store_true", help="also store the streams an EAGLE-3 head reads")
+    ap.add_argument("--only", choices=("code", "chat"), help="answers to one kind of prompt only")
     a = ap.parse_args(argv)
     mx.random.seed(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
     lm = load(smollm2.converted("float32"), drafter=False)
     target, eos = lm.target, lm.eos_ids
     target.model.freeze()
+    taps = Taps(target, a.aux)
     prompts = build(a.seed)
     plan = []  # (split, kind, [ids]) batches, prompts sorted by length within a kind to limit padding
     for split in ("val", "train"):
         per_kind = {}
-        for kind in ("code", "chat"):
+        for kind in ((a.only,) if a.only and split == "train" else ("code", "chat")):
             ids = [encode(lm, kind, t, a.max_prompt) for t in prompts[split][kind]]
             order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
             chunks = [[ids[i] for i in order[j : j + a.batch]] for j in range(0, len(order), a.batch)]
@@ -150,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             per_kind[kind] = chunks
         n = a.val_batches // 2 if split == "val" else max(len(c) for c in per_kind.values())
         for j in range(n):
-            for kind in ("code", "chat"):
+            for kind in per_kind:
                 if j < len(per_kind[kind]):
                     plan.append((split, kind, per_kind[kind][j]))
     if a.corpus:  # teacher forcing on text instead of answers (several times cheaper per token here)
@@ -163,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
         temp = 0.8 if i % 4 == 3 and kind != "corpus" else 0.0
         tb = time.time()
         batch = batch if batch is not None else [next(it) for _ in range(a.batch)]
-        rows = teacher_forced(target, batch) if kind == "corpus" else generate(target, batch, a.max_new, temp, eos)
+        rows = (teacher_forced(target, batch, taps) if kind == "corpus"
+                else generate(target, batch, a.max_new, temp, eos, taps))
         n = save_shard(a.out / f"{split}-{counts[split]:04d}.npz", rows)
         counts[split] += 1
         log.append({"split": split, "kind": kind, "temp": temp, "rows": len(rows), "tokens": n, "s": time.time() - tb})

@@ -237,3 +237,14 @@ def test_smollm2_with_its_head_forced_both_ways_every_stream_equals_solo(smollm2
     recs = [s.result for s in run.streams.values()]
     assert all(r.stats["speculation"] for r in recs)
     eng.close()
+
+
+def test_steady_rate_is_the_controls_estimator():
+    """sweep-cap's cell figure: width x mean tokens per row and round / median period; one slow
+    round does not move it, and the ratio of two rates is the control's E(K) T(0) / T(K)."""
+    from gmlx.policy.figures import steady_rate
+
+    assert steady_rate(2, [0.1, 0.1], [2.0, 2.0]) is None  # fewer than MIN_SAMPLES rounds
+    assert steady_rate(2, [0.1, 0.1, 10.0], [2.0, 2.0, 2.0]) == pytest.approx(40.0)
+    plain, spec = steady_rate(4, [0.05] * 5, [1.0] * 5), steady_rate(4, [0.08] * 5, [2.4] * 5)
+    assert spec / plain == pytest.approx(2.4 * 0.05 / 0.08)

@@ -102,6 +102,28 @@ def test_the_released_layout_loads(targets, fam, tmp_path):
     assert view.head.embed(mx.array([[3]])).shape == (1, 1, 48)
 
 
+def test_target_rows_without_lm_head(targets, tmp_path):
+    """No lm_head.weight but a d2t map (how gmlx ships its SmolLM2 head): the draft vocabulary is
+    scored with the target's own LM-head rows for those ids, and every other id is never drafted."""
+    lm, tdir = targets["llama"]
+    e3 = write_eagle3(tmp_path / "e3", tdir, dtype=mx.float32)
+    w = mx.load(str(e3 / "model.safetensors"))
+    w.pop("lm_head.weight")
+    mx.save_safetensors(str(e3 / "model.safetensors"), w)
+    view, _ = load_eagle3(e3, lm)
+    g = view.head(mx.array([[5, 6]]), mx.ones((1, 2, view.target.aux_size)), None)
+    logits = view.head.logits(g)
+    ids = view.head.ids
+    want = lm.target.lm_head(view.head.module.norm(g))[..., ids]
+    assert mx.allclose(logits[..., ids], want, atol=1e-4).item()
+    others = mx.ones((lm.target.vocab_size,), dtype=mx.bool_).at[ids].add(-1)  # ids not drafted
+    assert (mx.where(others, logits, 0) <= -1e8).sum().item() == 2 * (lm.target.vocab_size - ids.shape[0])
+    w.pop("d2t")
+    mx.save_safetensors(str(e3 / "model.safetensors"), w)
+    with pytest.raises(ModelLoadError, match="no lm_head.weight, nor a d2t map"):
+        load_eagle3(e3, lm)
+
+
 def test_layout_errors(targets, tmp_path):
     lm, tdir = targets["llama"]
     e3 = write_eagle3(tmp_path / "e3", tdir)

@@ -11,7 +11,7 @@ A directory with `config.json` (`architectures: ["LlamaForCausalLMEagle3"]`, or 
 | `midlayer.self_attn.{q,k,v}_proj.weight` | [heads x head_dim, 2 H] | attention over concat(embedding, hidden) |
 | `midlayer.self_attn.o_proj.weight`, `midlayer.post_attention_layernorm.weight`, `midlayer.mlp.{gate,up,down}_proj.weight` | | a llama decoder layer's |
 | `norm.weight` | [H] | before the LM head |
-| `lm_head.weight` | [draft_vocab_size, H] | the draft's own reduced vocabulary (absent: the target's LM head) |
+| `lm_head.weight` | [draft_vocab_size, H] | the draft's own reduced vocabulary (absent: the target's LM head, its rows for the draft ids where `d2t` names them) |
 | `d2t` | [draft_vocab_size] int | draft id -> target id offset: target = draft + d2t[draft] |
 | `t2d` | [vocab_size] bool | which target ids the draft vocabulary has (not needed to draft) |
 | `embed_tokens.weight` | [vocab_size, H] | optional; absent: the target's embedding (as SGLang shares it) |
@@ -111,8 +111,9 @@ def load_eagle3_head(path: str | Path, lm):
     if own_head and weights["lm_head.weight"].shape[0] != draft_vocab:
         raise ModelLoadError(f"{p.name}: lm_head has {weights['lm_head.weight'].shape[0]} rows, draft_vocab_size is"
                              f" {draft_vocab}")
-    if not own_head and draft_vocab != target.vocab_size:
-        raise ModelLoadError(f"{p.name}: no lm_head.weight for its draft vocabulary of {draft_vocab}")
+    if not own_head and draft_vocab != target.vocab_size and d2t is None:
+        raise ModelLoadError(f"{p.name}: no lm_head.weight, nor a d2t map to take its draft vocabulary of"
+                             f" {draft_vocab} from the target's LM head")
     if "embed_tokens.weight" not in weights and args.hidden_size != target.hidden_size:
         raise ModelLoadError(f"{p.name}: no embed_tokens.weight, and its width {args.hidden_size} is not the"
                              f" target's {target.hidden_size}, so it cannot share the target's embedding")

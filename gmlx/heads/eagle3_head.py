@@ -29,7 +29,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
 from gmlx.heads.bound import BoundHead
-from gmlx.heads.draft_vocab import NEVER
+from gmlx.heads.draft_vocab import NEVER, lm_head_rows
 from gmlx.heads.eagle3_streams import AuxTarget
 
 KIND = "eagle3"
@@ -89,6 +89,12 @@ class BoundEagle3Head(BoundHead):
         self.ids = target_ids  # [draft_vocab] target id of each draft id (None: the same vocabulary)
         self.vocab_size = target.vocab_size
         self.aux_size = target.aux_size
+        # No lm_head of its own but a reduced vocabulary: the target's LM-head rows for the draft ids
+        # (gathered and dequantized once, as draft_vocab.py's head does), not its whole LM head.
+        self.rows = None
+        if "lm_head" not in self.module and target_ids is not None:
+            self.rows = lm_head_rows(target, target_ids)
+            mx.eval(self.rows)  # sync: once, at bind time
 
     def embed(self, tokens: mx.array) -> mx.array:
         if "embed_tokens" in self.module:
@@ -102,6 +108,8 @@ class BoundEagle3Head(BoundHead):
 
     def sub_logits(self, g: mx.array) -> mx.array:
         x = self.module.norm(g)
+        if self.rows is not None:
+            return x.astype(mx.float32) @ self.rows.T
         head = self.module.lm_head if "lm_head" in self.module else self.target.lm_head
         return head(x).astype(mx.float32)
 

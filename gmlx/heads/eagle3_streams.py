@@ -42,7 +42,7 @@ class _Tap:
         return getattr(self._module, name)
 
 
-def _tapped(backbone: nn.Module, entering: tuple[int, ...], sink: dict) -> nn.Module:
+def tapped(backbone: nn.Module, entering: tuple[int, ...], sink: dict) -> nn.Module:
     """A shallow copy of the backbone (the same layer objects and weights) whose layers in
     `entering` record their input; index len(layers) taps the final norm's input."""
     twin = copy.copy(backbone)
@@ -66,9 +66,9 @@ class AuxTarget:
                                  f" i; {n}: the last layer's output)")
         self.__dict__.update(_target=target, entering=tuple(entering), _sink={})
         sink = self._sink
-        self.__dict__["_own"] = (_tapped(target.backbone, self.entering, sink), target.lm_head)
+        self.__dict__["_own"] = (tapped(target.backbone, self.entering, sink), target.lm_head)
         self.__dict__["_wide"] = (None if target.wide is None
-                                  else (_tapped(target.wide[0], self.entering, sink), target.wide[3]))
+                                  else (tapped(target.wide[0], self.entering, sink), target.wide[3]))
 
     def __getattr__(self, name):
         return getattr(self.__dict__["_target"], name)

@@ -64,6 +64,16 @@ class Times:
         return statistics.median(d) if d is not None and len(d) >= MIN_SAMPLES else None
 
 
+def steady_rate(width: int, periods: list[float], tokens_per_row: list[float]) -> float | None:
+    """Aggregate tokens/s of `width` rows as the control estimates it: width x the mean tokens a
+    row emits per round / the median round period (so one slow round moves nothing). The
+    control's gain for K is this figure at K over the same at plain (E(K) T(0) / T(K));
+    `gmlx sweep-cap` ranks its arms by it, so the two agree. None below MIN_SAMPLES rounds."""
+    if len(periods) < MIN_SAMPLES or not tokens_per_row:
+        return None
+    return width * (sum(tokens_per_row) / len(tokens_per_row)) / statistics.median(periods)
+
+
 @dataclass(frozen=True)
 class Choice:
     """What the control runs at a width, and why (said to the user: generate, bench, serve)."""

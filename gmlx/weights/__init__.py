@@ -1,5 +1,6 @@
-"""The weights gmlx ships: the embedded default model with its drafters, and the head trained
-for SmolLM2-135M-Instruct's GGUF (package data: pyproject.toml lists them for the wheel)."""
+"""The weights gmlx ships: the embedded default model with its drafters, and the heads trained
+for SmolLM2-135M-Instruct's GGUF: an MTP head and an EAGLE-3 head (package data: pyproject.toml
+lists them for the wheel)."""
 
 from __future__ import annotations
 
@@ -7,3 +8,4 @@ from pathlib import Path
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "default_model"
 SMOLLM2_HEAD = Path(__file__).resolve().parent / "smollm2"
+SMOLLM2_EAGLE3 = SMOLLM2_HEAD / "eagle3"

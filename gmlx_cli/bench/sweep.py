@@ -4,8 +4,10 @@
 At each width W, W fixed-length requests (ignore_eos) are submitted together to a fresh engine,
 once with speculation forced on at every width (cap 0 = uncapped) for each K, once plain. Only
 steady-state rounds count: the step that forms the batch (prefill) is skipped, as is any round
-after the first row finished (the width is no longer W). Arms alternate per width and repeat;
-figures are medians, speedups medians of paired ratios (docs/design.md §8).
+after the first row finished (the width is no longer W). A cell's tokens/s is the online
+control's estimator over those rounds (`gmlx.policy.figures.steady_rate`: W x mean tokens per
+row and round / median round period), so sweep-cap and the control rank K alike. Arms alternate
+per width and repeat; figures are medians, speedups medians of paired ratios (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import typer
 
 from gmlx import blas
 from gmlx.policy import user_config
+from gmlx.policy.figures import steady_rate
 from gmlx.config import EngineConfig, SamplingParams, Switches
 from gmlx.engine import Engine
 from gmlx.errors import InvalidRequest
@@ -48,7 +51,7 @@ def measure(lm, prompts: list[list[int]], width: int, max_tokens: int, config: E
     engine = Engine(lm, config, switches=Switches())
     groups = ([[prompts[j % len(prompts)]] for j in range(LONE_PROMPTS)] if width == 1
               else [[prompts[i % len(prompts)] for i in range(width)]])
-    steady, total = [0, 0.0], [0, 0.0]  # tokens, seconds
+    steady, total = ([], []), [0, 0.0]  # (periods, tokens per row) of steady rounds; tokens, seconds
     streams = []
     try:
         for group in groups:
@@ -57,20 +60,23 @@ def measure(lm, prompts: list[list[int]], width: int, max_tokens: int, config: E
             _decode(engine, width, steady, total)
     finally:
         engine.close()
-    tokens, seconds = steady if steady[1] > 0 else total  # too short for a steady state: all of it
+    rate = steady_rate(width, *steady)  # the online control's estimator (gmlx/policy/figures.py)
+    tokens, seconds = total
     recs = [s.wait(0) for s in streams]
     drafted = sum(r.stats.get("num_drafted", 0) for r in recs)
     accepted = sum(r.stats.get("num_accepted", 0) for r in recs)
     rounds = sum(r.stats.get("num_rounds", 0) for r in recs)  # per row: rounds that drafted
-    return {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "tokens": tokens, "seconds": seconds,
+    if rate is None:  # too short for a steady state: all of it
+        rate = tokens / seconds if seconds > 0 else 0.0
+    return {"tokens_per_s": rate, "tokens": tokens, "seconds": seconds, "steady_rounds": len(steady[0]),
             "draft_acceptance_rate": accepted / drafted if drafted else float("nan"), "rounds": rounds,
             "tokens_per_round": (rounds + accepted) / rounds if rounds else float("nan"),
             "drafts_per_round": drafted / rounds if rounds else float("nan")}
 
 
-def _decode(engine: Engine, width: int, steady: list, total: list) -> None:
-    """Step until idle, adding tokens and seconds to `total`, and to `steady` for the rounds where
-    all `width` rows decode (the first step, the prefill, excluded)."""
+def _decode(engine: Engine, width: int, steady: tuple[list, list], total: list) -> None:
+    """Step until idle, adding tokens and seconds to `total`, and to `steady` each round where all
+    `width` rows decode (the first step, the prefill, excluded): its period and tokens per row."""
     first = True
     while engine.has_work:
         t = time.perf_counter()
@@ -80,7 +86,8 @@ def _decode(engine: Engine, width: int, steady: list, total: list) -> None:
         n = sum(row[3] for e in rounds for row in e.rows)
         total[0], total[1] = total[0] + n, total[1] + dt
         if not first and rounds and all(e.width == width for e in rounds):
-            steady[0], steady[1] = steady[0] + n, steady[1] + dt
+            steady[0].append(dt)
+            steady[1].append(n / width)
         first = False
 
 

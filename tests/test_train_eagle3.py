@@ -1,0 +1,68 @@
+"""The EAGLE-3 trainer (gmlx_training/train_smollm2_eagle3.py) trains what drafting runs: its
+training-time-test unroll equals the head as the engine chains it (one KV cache, depth 1 over the
+verified positions, then one chained step per depth), and what it exports loads through
+`--drafter eagle3` (the public layout, the target's LM-head rows for its draft vocabulary) with
+the same logits. A tiny random llama target; no SmolLM2 weights or data needed."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_map
+from mlx_lm.models.cache import KVCache
+
+from eagle3_fixtures import random_target
+from gmlx.drafters.eagle3 import load_eagle3
+from gmlx.heads.draft_vocab import lm_head_rows
+from gmlx.heads.eagle3_checkpoint import layer_args
+from gmlx.heads.eagle3_head import Eagle3Model
+from gmlx.models.loading import load
+from gmlx_training.train_smollm2_eagle3 import config_json, depth_terms, export, unroll
+
+DEPTHS, S = 3, 10
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    lm = load(random_target("llama", tmp_path_factory.mktemp("t") / "llama"))
+    t = lm.target
+    entering = (2, 3, 5)
+    cfg = config_json(t, 96, 64, entering)
+    model = Eagle3Model(layer_args(cfg), t.hidden_size, 64, 3, own_lm_head=False)
+    # fp16-representable weights, so the exported (float16) head is the same function
+    model.update(tree_map(lambda p: (p * 4).astype(mx.float16).astype(mx.float32), model.parameters()))
+    rng = np.random.default_rng(0)
+    ids = np.sort(rng.choice(np.arange(1, t.vocab_size), size=64, replace=False)).astype(np.int32)
+    x = mx.array(rng.integers(1, t.vocab_size, size=(1, S + DEPTHS)).astype(np.int32))
+    aux = mx.array(rng.normal(size=(1, S, 3 * t.hidden_size)).astype(np.float32))
+    return lm, model, cfg, ids, entering, {"aux": aux, "x": x}
+
+
+def test_unroll_is_the_drafting_chain(setup):
+    lm, model, cfg, ids, entering, b = setup
+    embed = lm.target.embed_tokens
+    g = unroll(model, embed, b, DEPTHS)
+    layer = model.midlayer
+    for t in (0, 4, S - 1):
+        cache = KVCache()  # verify wrote positions 0..t (target streams, the next tokens)
+        h = layer(embed(b["x"][:, 1 : t + 2]), model.fc(b["aux"][:, : t + 1]), "causal" if t else None, cache)
+        assert mx.allclose(h[:, -1], g[0][:, t], atol=1e-4).item()
+        for d in range(1, DEPTHS):  # chained: the drafted token (here the true one) and the head's own output
+            h = layer(embed(b["x"][:, t + 1 + d : t + 2 + d]), h[:, -1:], None, cache)
+            assert mx.allclose(h[:, -1], g[d][:, t], atol=1e-4).item(), (t, d)
+
+
+def test_export_loads_with_the_same_logits(setup, tmp_path):
+    lm, model, cfg, ids, entering, b = setup
+    export(model, cfg, ids, tmp_path / "e3")
+    view, drafter = load_eagle3(tmp_path / "e3", lm)
+    assert view.target.entering == entering and drafter.kind == "eagle3"
+    assert np.array_equal(np.array(view.head.ids), ids)
+    rows = lm_head_rows(lm.target, mx.array(ids))
+    batch = {**b, "h": mx.zeros((1, S + DEPTHS, lm.target.hidden_size)), "a": mx.zeros((1, S + DEPTHS), mx.int32),
+             "valid": mx.ones((1, S + DEPTHS))}
+    g = unroll(model, lm.target.embed_tokens, batch, DEPTHS)
+    _, _, sub, _, _ = depth_terms(model, g[0], batch, 1, rows)
+    got = view.head.logits(view.head(b["x"][:, 1 : S + 1], b["aux"], None))
+    assert mx.allclose(got[..., mx.array(ids)], sub, atol=1e-3, rtol=1e-3).item()
