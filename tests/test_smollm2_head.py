@@ -1,6 +1,7 @@
-"""The drafter gmlx ships for SmolLM2-135M-Instruct (gmlx/weights/smollm2/): found beside the
-conversion of the known GGUF file, exact (greedy and seeded streams equal plain decoding,
-tie-aware), and really drafting (a fair share of its drafts accepted)."""
+"""The drafters gmlx ships for SmolLM2-135M-Instruct (gmlx/weights/smollm2/: an MTP head and an
+EAGLE-3 head, the engine's default): found beside the conversion of the known GGUF file, exact
+(greedy and seeded streams equal plain decoding, tie-aware), and really drafting (a fair share
+of their drafts accepted)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.heads.draft_vocab import NEVER, BoundVocabMTPHead
-from gmlx.gguf.smollm2 import HEAD_DIR, shipped_head_dir
+from gmlx.gguf.smollm2 import EAGLE3_DIR, HEAD_DIR, shipped_eagle3_dir, shipped_head_dir
 from gmlx.engine.oracle import compare_streams
 
 CHAT = "Write a Python function that checks whether a number is even."
@@ -34,21 +35,39 @@ def test_the_shipped_head_loads_with_the_conversion(smollm2):
 
 
 def test_a_directory_not_from_the_known_file_gets_no_head(tmp_path):
-    assert shipped_head_dir(tmp_path) is None
+    assert shipped_head_dir(tmp_path) is None and shipped_eagle3_dir(tmp_path) is None
 
 
-@pytest.mark.parametrize("dtype, n_prompts", [
-    ("q", 1),  # what `--model smollm2` loads: the file's 4-bit blocks (verify through the twin)
-    pytest.param("float32", 2, marks=pytest.mark.slow),  # code and chat, fp32
+def test_the_engine_drafts_with_the_eagle3_head_by_default(smollm2):
+    """No drafter asked for (and `--drafter eagle3` without a path): the shipped EAGLE-3 head, read
+    through its checkpoint loader; `--drafter mtp` keeps the MTP head; no speculation, no head."""
+    lm = smollm2.load("q")
+    assert shipped_eagle3_dir(lm.path) == EAGLE3_DIR
+    assert (EAGLE3_DIR / "model.safetensors").stat().st_size <= 12 << 20
+    for config in (EngineConfig(), EngineConfig(drafter="eagle3")):
+        eng = Engine(lm, config)
+        assert eng.drafter.kind == "eagle3" and eng.lm.target.entering == (2, 15, 27)
+        eng.close()
+    eng = Engine(lm, EngineConfig(drafter="mtp"))
+    assert eng.drafter.kind == "mtp" and eng.lm is lm
+    eng.close()
+    assert Engine(lm, EngineConfig(speculative=False)).drafter is None
+
+
+@pytest.mark.parametrize("dtype, n_prompts, kind", [
+    ("q", 1, "eagle3"),  # what `--model smollm2` loads: the file's 4-bit blocks (verify through the twin)
+    ("q", 1, "mtp"),
+    pytest.param("float32", 2, "eagle3", marks=pytest.mark.slow),  # code and chat, fp32
+    pytest.param("float32", 2, "mtp", marks=pytest.mark.slow),
 ])
-def test_streams_equal_plain_and_drafts_are_accepted(smollm2, dtype, n_prompts):
-    """Greedy and seeded T=0.8 streams with the head equal plain decoding; greedy drafts are accepted."""
+def test_streams_equal_plain_and_drafts_are_accepted(smollm2, dtype, n_prompts, kind):
+    """Greedy and seeded T=0.8 streams with each head equal plain decoding; greedy drafts are accepted."""
     lm = smollm2.load(dtype)
     tok = lm.tokenizer
     prompts = [tok.encode("def fibonacci(n):\n"),
                list(tok.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True))]
-    plain, spec = Engine(lm, EngineConfig(speculative=False)), Engine(lm, EngineConfig(speculative=True))
-    assert spec.drafter is not None and spec.drafter.kind == "mtp"
+    plain, spec = Engine(lm, EngineConfig(speculative=False)), Engine(lm, EngineConfig(speculative=True, drafter=kind))
+    assert spec.drafter is not None and spec.drafter.kind == kind
     assert lm.target.hidden_size == 576  # not the packed width of a quantized embedding (144 words)
     drafted = accepted = 0
     for prompt in prompts[:n_prompts]:
@@ -65,8 +84,9 @@ def test_streams_equal_plain_and_drafts_are_accepted(smollm2, dtype, n_prompts):
     assert drafted > 0 and accepted / drafted > 0.2, (dtype, accepted, drafted)
 
 
-def test_schedule_through_every_transition_equals_solo(smollm2):
-    """The real model with its shipped head through scalar -> preempt -> batch -> gate (a third
+@pytest.mark.parametrize("kind", [None, pytest.param("mtp", marks=pytest.mark.slow)])
+def test_schedule_through_every_transition_equals_solo(smollm2, kind):
+    """The real model with its shipped heads (None: the default, EAGLE-3) through scalar -> preempt -> batch -> gate (a third
     row over cap 2) -> resume -> capture, greedy and seeded: every stream equals its solo plain
     decode (tie-aware)."""
     from engine_helpers import P, check_solo, drive, engine
@@ -75,7 +95,7 @@ def test_schedule_through_every_transition_equals_solo(smollm2):
     tok = lm.tokenizer
     code = tok.encode("def fibonacci(n):\n")
     chat = list(tok.apply_chat_template([{"role": "user", "content": CHAT}], add_generation_prompt=True))
-    eng = engine(lm, 2, resume_min_remaining=2, num_draft_tokens=3)
+    eng = engine(lm, 2, resume_min_remaining=2, num_draft_tokens=3, drafter=kind)
     run = drive(eng, {0: [("a", code, P(18, seed=1))], 3: [("b", chat, P(6, seed=2, t=0.8))],
                       5: [("c", code[:4], P(5, seed=3))]})
     check_solo(lm, run)

@@ -7,8 +7,9 @@ the row's own context; needs no files, so any target that can roll back has it),
 (drafts only from requests' predicted outputs; rows without one draft nothing), "eagle3" (an
 EAGLE-3 head in its public checkpoint layout, given as --draft-model PATH: gmlx/heads/eagle3_head.py;
 the engine then sees the target through a view that captures the layers the head reads). With no kind
-asked for: a draft model when one is given (the caller asked for it), else the MTP head, else the
-assistant head; never ngram, which is asked for by name (it pays only where the output repeats
+asked for: a draft model when one is given (the caller asked for it), else a shipped EAGLE-3 head
+(SmolLM2's GGUF: gmlx/gguf/smollm2.py; `--drafter eagle3` without a path takes it too), else the
+MTP head, else the assistant head; never ngram, which is asked for by name (it pays only where the output repeats
 its context, and the model's own drafter, trained for it, is the better default).
 
 Whatever the kind, the engine's drafter is wrapped for predicted outputs (`choose`;
@@ -25,6 +26,7 @@ from pathlib import Path
 from mlx.utils import tree_flatten
 
 from gmlx.errors import ModelLoadError, NoDrafterError
+from gmlx.gguf import smollm2
 from gmlx.models import family
 from gmlx.models.loading import LoadedModel, no_drafter_message, no_rollback_message
 from gmlx.drafters.base import Drafter
@@ -199,6 +201,9 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
     for (or the default order). speculative=True without one is an error; a target that cannot
     roll back decodes plain (an error when speculation was asked for)."""
     draft_model = draft_model if draft_model is not None else config.draft_model
+    if (drafter is None and draft_model is None and config.drafter in (None, "eagle3")
+            and config.speculative is not False and (shipped := smollm2.shipped_eagle3_dir(lm.path)) is not None):
+        return _eagle3(lm, shipped)  # SmolLM2's GGUF: the EAGLE-3 head gmlx trained for it drafts best
     if config.drafter == "eagle3" and drafter is None and config.speculative is not False:
         return _eagle3(lm, draft_model)
     draft_lm = draft_model if draft_model is None or isinstance(draft_model, LoadedModel) else load_draft_model(draft_model)

@@ -12,7 +12,7 @@ import pandas as pd
 def sweep_frame(measurements: list[dict]) -> pd.DataFrame:
     cols = {"width": "int64", "arm": "object", "k": "Int64", "repeat": "int64", "tokens_per_s": "float64",
             "tokens": "int64", "seconds": "float64", "draft_acceptance_rate": "float64", "rounds": "float64",
-            "tokens_per_round": "float64", "drafts_per_round": "float64", "steady_rounds": "int64"}
+            "tokens_per_round": "float64", "drafts_per_round": "float64", "steady_rounds": "Int64"}
     return pd.DataFrame(measurements, columns=list(cols)).astype(cols)
 
 
