@@ -159,7 +159,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus", action="store_true", help="teacher-forced text windows instead of answers")
     ap.add_argument("--corpus-seq", type=int, default=256)
     ap.add_argument("--aux", action="store_true", help="also store the streams an EAGLE-3 head reads")
-    ap.add_argument("--only", choices=("code", "chat"), help="answers to one kind of prompt only")
     a = ap.parse_args(argv)
     mx.random.seed(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = []  # (split, kind, [ids]) batches, prompts sorted by length within a kind to limit padding
     for split in ("val", "train"):
         per_kind = {}
-        for kind in ((a.only,) if a.only and split == "train" else ("code", "chat")):
+        for kind in ("code", "chat"):
             ids = [encode(lm, kind, t, a.max_prompt) for t in prompts[split][kind]]
             order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
             chunks = [[ids[i] for i in order[j : j + a.batch]] for j in range(0, len(order), a.batch)]
