@@ -51,7 +51,7 @@ from gmlx.models.loading import load  # noqa: E402
 from gmlx.weights import SMOLLM2_EAGLE3  # noqa: E402
 from gmlx_training.smollm2_data import load_shards  # noqa: E402
 from gmlx_training.train_smollm2_head import draft_vocab  # noqa: E402
-from gmlx_training.training import BudgetSchedule, compiled_step  # noqa: E402
+from gmlx_training.training import BudgetSchedule, batches, compiled_step  # noqa: E402
 
 LOG_FILE = "training_log.json"
 
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(a.seed)
     curve = [{"min": 0.0, "step": 0, **agreement(model, embed, rows, val, a.depths)}]
     print(f"init {curve[-1]}", flush=True)
-    t0, step, next_eval, order, best = time.time(), 0, a.eval_min * 60, np.array([], dtype=np.int64), -1.0
+    t0, step, next_eval, best = time.time(), 0, a.eval_min * 60, -1.0
 
     def evaluate(el: float) -> None:
         nonlocal best
@@ -247,10 +247,9 @@ def main(argv: list[str] | None = None) -> None:
                                                   "wall_min": el / 60, "best_accept_answer": best,
                                                   "windows": len(train["x"]), "curve": curve}, indent=1) + "\n")
 
+    draws = batches(len(train["x"]), a.batch, rng)
     while time.time() - t0 < a.minutes * 60:
-        if len(order) < a.batch:
-            order = np.concatenate([order, rng.permutation(len(train["x"]))])
-        idx, order = order[: a.batch], order[a.batch :]
+        idx = next(draws)
         opt.learning_rate = sched(step)
         loss, kls = step_fn(batch_of(train, idx))
         mx.eval(loss, kls, state)  # sync: one training step

@@ -40,7 +40,7 @@ from gmlx.models.loading import load  # noqa: E402
 from gmlx.weights import SMOLLM2_HEAD  # noqa: E402
 from gmlx.heads.mtp_head import MTPConfig  # noqa: E402
 from gmlx_training.smollm2_data import load_shards  # noqa: E402
-from gmlx_training.training import BudgetSchedule, compiled_step  # noqa: E402
+from gmlx_training.training import BudgetSchedule, batches, compiled_step  # noqa: E402
 
 SHIP_DIR = SMOLLM2_HEAD
 LOG_FILE = "training_log.json"
@@ -207,12 +207,11 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(a.seed)
     curve = [{"min": 0.0, "step": 0, **agreement(head, target, rows, val, ids)}]
     print(f"init {curve[-1]}", flush=True)
-    t0, step, next_eval, order = time.time(), 0, a.eval_min * 60, np.array([], dtype=np.int64)
+    t0, step, next_eval = time.time(), 0, a.eval_min * 60
     best = -1.0
+    draws = batches(len(train["x1"]), a.batch, rng)
     while time.time() - t0 < a.minutes * 60:
-        if len(order) < a.batch:
-            order = np.concatenate([order, rng.permutation(len(train["x1"]))])
-        idx, order = order[: a.batch], order[a.batch :]
+        idx = next(draws)
         opt.learning_rate = sched(step)
         loss, parts = step_fn(batch_of(train, idx))
         mx.eval(loss, parts, state)  # sync: one training step

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+import numpy as np
 
 
 def compiled_step(module: nn.Module, loss_fn, lr: float):
@@ -44,3 +46,14 @@ class BudgetSchedule:
     def reestimate(self, steps_done: int, elapsed_s: float, budget_s: float) -> int:
         self.est_steps = max(self.warmup + 50, int(steps_done / elapsed_s * budget_s))
         return self.est_steps
+
+
+def batches(n: int, batch: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Endless batches of `batch` indices into n examples: shuffled epochs back to back (a batch
+    may straddle two), for loops that stop on a wall-clock budget rather than an epoch count."""
+    order = np.array([], dtype=np.int64)
+    while True:
+        if len(order) < batch:
+            order = np.concatenate([order, rng.permutation(n)])
+        idx, order = order[:batch], order[batch:]
+        yield idx

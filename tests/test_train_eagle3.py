@@ -66,3 +66,11 @@ def test_export_loads_with_the_same_logits(setup, tmp_path):
     _, _, sub, _, _ = depth_terms(model, g[0], batch, 1, rows)
     got = view.head.logits(view.head(b["x"][:, 1 : S + 1], b["aux"], None))
     assert mx.allclose(got[..., mx.array(ids)], sub, atol=1e-3, rtol=1e-3).item()
+
+
+def test_batches_cover_every_example_once_per_epoch():
+    from gmlx_training.training import batches
+
+    draws = batches(10, 4, np.random.default_rng(0))
+    seen = np.concatenate([next(draws) for _ in range(5)])  # two epochs of 10
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
