@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.config import Switches
+from gmlx.policy import control
 from gmlx.heads.draft_vocab import NEVER, BoundVocabMTPHead
 from gmlx.gguf.smollm2 import EAGLE3_DIR, HEAD_DIR, shipped_eagle3_dir, shipped_head_dir
 from gmlx.engine.oracle import compare_streams
@@ -52,6 +54,23 @@ def test_the_engine_drafts_with_the_eagle3_head_by_default(smollm2):
     assert eng.drafter.kind == "mtp" and eng.lm is lm
     eng.close()
     assert Engine(lm, EngineConfig(speculative=False)).drafter is None
+
+
+def test_engines_through_the_eagle3_view_share_what_the_control_learnt(smollm2):
+    """Each engine with the EAGLE-3 head sees the target through a new view; the online control
+    still files its figures under the one target, so the next engine (the next bench cell, a
+    plain baseline's rounds) continues from them instead of exploring again from nothing."""
+    lm = smollm2.load("q")
+    control.forget(lm.target)
+    on = Switches(control=True)
+    first, second = (Engine(lm, EngineConfig(), switches=on) for _ in range(2))
+    assert first.lm.target is not second.lm.target  # two views ...
+    assert first.spec.control.at(3) is second.spec.control.at(3)  # ... one set of figures
+    control.record_plain(lm.target, 3, 0.004)  # what a plain engine on the model records
+    assert first.spec.control.at(3).plain.by_k[0][-1] == 0.004
+    for eng in (first, second):
+        eng.close()
+    control.forget(lm.target)
 
 
 @pytest.mark.parametrize("dtype, n_prompts, kind", [

@@ -72,6 +72,13 @@ class Target:
                 self.decode_model, self.decode_on_twin = twin, True
 
     @property
+    def figures_key(self) -> "Target":
+        """What the online control files this model's measured round times under (gmlx/policy/
+        control.py): the target itself, also when an engine sees it through a view (an EAGLE-3
+        head's AuxTarget delegates its attributes here), so every engine on one model shares them."""
+        return self
+
+    @property
     def own(self) -> tuple:
         """The model's own backbone, hidden backbone, final norm and LM head (never the twin)."""
         return self.backbone, self._hidden_backbone, self.final_norm, self.lm_head

@@ -174,16 +174,22 @@ _spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKey
 _widths: "weakref.WeakKeyDictionary[object, dict[tuple, WidthControl]]" = weakref.WeakKeyDictionary()
 
 
+def _key(target: object) -> object:
+    """The model the figures belong to: a view of the target (an EAGLE-3 head's, new with each
+    engine) files them under the target it wraps, so the next engine does not start cold."""
+    return getattr(target, "figures_key", target)
+
+
 def record_plain(target: object, width: int, seconds: float) -> None:
     """A plain round's time from an engine without a drafter (a plain baseline): the same code
     path as a speculative engine's plain rounds, so its figure counts for every drafter."""
-    _plain.setdefault(target, {}).setdefault(bucket(width), Times()).add(0, seconds)
+    _plain.setdefault(_key(target), {}).setdefault(bucket(width), Times()).add(0, seconds)
 
 
 def forget(target: object) -> None:
     """Drop everything learnt for this target in this process (tests; a changed machine)."""
     for d in (_plain, _spec, _widths):
-        d.pop(target, None)
+        d.pop(_key(target), None)
 
 
 class Controller:
@@ -191,6 +197,7 @@ class Controller:
 
     def __init__(self, target: object, drafter_kind: str | None, costs: Costs):
         self.costs = costs
+        target = _key(target)
         self._plain = _plain.setdefault(target, {})
         self._spec = _spec.setdefault(target, {})
         self._shared = _widths.setdefault(target, {})
