@@ -215,6 +215,25 @@ def test_a_lone_request_under_cap_off_says_what_the_scalar_loop_ran(lm, prompts,
     eng.close()
 
 
+def test_a_drafter_familys_guessed_cap_is_no_ceiling_under_the_control(lm, prompts, clean, monkeypatch):
+    """The ngram drafter's family default (cap 2) is a guess for engines that cannot measure: with
+    the control on, nothing caps it (said in the cap's source) and a batch of 4 speculates when
+    that pays; with the control off, or an explicit K, the family default stays the ceiling."""
+    monkeypatch.delenv("GMLX_MTP_WIDTH_CAP", raising=False)
+    static = Engine(lm, EngineConfig(drafter="ngram"), switches=Switches(control=False)).cap_in_force
+    explicit = Engine(lm, EngineConfig(drafter="ngram", num_draft_tokens=2), switches=Switches(control=True))
+    assert (static.cap, static.source) == (2, "family default: ngram drafter") == (
+        explicit.cap_in_force.cap, explicit.cap_in_force.source)
+    forced(monkeypatch, spec_cost=1.05)  # drafts nearly free: speculation pays at every width
+    eng = Engine(lm, EngineConfig(drafter="ngram"), switches=Switches(control=True))
+    assert eng.cap_in_force.cap == 0 and "online control decides" in eng.cap_in_force.source
+    assert "family default: ngram drafter 2 not applied" in eng.cap_in_force.source
+    run = drive(eng, schedule(prompts, n=40))
+    check_solo(lm, run)
+    assert any(e.round == "speculative" and e.width == 4 for _, e in run.rounds())
+    eng.close()
+
+
 def test_an_explicit_k_is_obeyed_and_the_switch_turns_the_control_off(lm, clean):
     assert on(lm, num_draft_tokens=2).spec.control is None
     assert Engine(lm, EngineConfig(), switches=Switches(control=False)).spec.control is None

@@ -69,8 +69,10 @@ class Engine:
         self.model_key = (user_config.model_key(None if self.lm.path == default_model_path() else self.lm.path)
                           + choice.cap_key_suffix)
         # A broken user config or cap variable is an error here, at engine start, not mid-run.
-        self.caps = CapWatch(self.config.width_cap, self.model_key, choice.cap_defaults, self.config.num_draft_tokens,
-                             self.lm.default_k)
+        controlled = self.switches.control and self.config.num_draft_tokens is None
+        self.caps = CapWatch(self.config.width_cap, self.model_key,
+                             caps.under_control(choice.cap_defaults) if controlled else choice.cap_defaults,
+                             self.config.num_draft_tokens, self.lm.default_k)
         if self.caps.current.notice:
             self.notices.append(self.caps.current.notice)
         costs = self.scalar.costs if self.speculative else None
