@@ -113,6 +113,23 @@ def test_a_new_width_starts_from_the_acceptance_the_drafter_showed_nearby():
     assert Controller(_Target(), "mtp", COSTS).at(2).acceptance.alpha == pytest.approx(0.6)  # nothing seen: the prior
 
 
+def test_a_new_width_predicts_from_the_nearest_timed_widths_round_times():
+    """The load probe (width 1) says drafts are nearly free; width 4's rounds say K=3 costs two
+    plain rounds. Width 8, with nothing timed yet, starts from width 4's ratio (plain: no K pays
+    within 10 %), not from the probe (K=3); once its own rounds are timed, they decide."""
+    probe = Costs(verify=(1.0, 1.02, 1.04, 1.06), draft=0.01)
+    assert fresh(probe).choose(8, 3).k >= 2  # nothing timed anywhere: the cost model speculates
+    ctl = fresh(probe)
+    feed(ctl, 4, 0, 0.010, accepted=0, n=4)
+    feed(ctl, 4, 3, 0.020, accepted=1, n=4)
+    c = ctl.choose(8, 3)
+    assert c.k == 0 and "width 4's round times" in c.reason, c.reason
+    feed(ctl, 8, 0, 0.010, accepted=0, n=4)
+    feed(ctl, 8, 1, 0.0105, accepted=1, n=4)  # width 8's own: K=1 costs 1.05 plain rounds and pays
+    c = ctl.choose(8, 3)
+    assert c.k >= 1 and c.from_width is None, c
+
+
 def test_acceptance_decays_so_a_drafter_that_starts_agreeing_is_seen():
     a = Acceptance()
     for _ in range(30):

@@ -14,7 +14,10 @@ before that the geometric model E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) (c
 the median of the last WINDOW periods of that kind — a load spike moves one round, not the median.
 A T not measured yet comes from one that is, scaled by the cost model (`Costs.round_cost`: the
 probe's verify and drafter costs, or the built-in prior): before any round, the prediction is the
-cost model's; after a few, it is the machine's. The best k (gain, k = 0 counting 1) runs, with
+cost model's; after a few, it is the machine's. A width where no speculative round is timed yet
+takes T(0) / T(k) from the nearest width where both are (the load probe times one request at
+width 1; as rows are added a verify costs relatively more), and a loss predicted from a narrower
+width is not tried first. The best k (gain, k = 0 counting 1) runs, with
 hysteresis: the choice in force changes only when another is predicted MARGIN better, so the
 control does not flap between two near-equal choices.
 
@@ -81,28 +84,37 @@ class WidthControl:
         j = min(same, key=lambda j: (abs(j - k), j))
         return med[j] * costs.round_cost(k) / costs.round_cost(j)
 
+    def spec_timed(self) -> bool:
+        """Whether a speculative round's period is measured here (enough rounds for a median)."""
+        return any(self.spec.median(k) is not None for k in self.spec.by_k)
+
     def _known(self) -> set[int]:
         return set(self.plain.by_k) | set(self.spec.by_k)
 
     def _median(self, k: int) -> float | None:
         return (self.plain if k == 0 else self.spec).median(k)
 
-    def gain(self, k: int, costs: Costs, alpha: float) -> tuple[float, bool]:
+    def gain(self, k: int, costs: Costs, alpha: float, nearby: "WidthControl | None" = None) -> tuple[float, bool]:
         if k == 0:
             return 1.0, True
-        t0, tk, measured = self.times(k, costs)
-        if t0 is None:  # nothing measured at this width: the cost model alone
-            return costs.speedup(alpha, k), False
         seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
+        if nearby is not None:  # no speculative round timed here: the nearest timed width's T(0) / T(k)
+            n0, nk, _ = nearby.times(k, costs)
+            return (seen if seen is not None else emitted(alpha, k)) * n0 / nk, False
+        t0, tk, measured = self.times(k, costs)
+        if t0 is None:  # nothing measured anywhere: the cost model alone
+            return costs.speedup(alpha, k), False
         return (seen if seen is not None else emitted(alpha, k)) * t0 / tk, measured
 
-    def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None) -> Choice:
+    def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
+               nearby: tuple[int, "WidthControl"] | None = None, width: int = 0) -> Choice:
         """The k to run now (0: plain): the best predicted, kept by hysteresis; speculation tried
         first at a width with nothing measured unless the cost model predicts a clear loss; an
         unmeasured k tried when predicted close to the best (the cost model's ratios come
         from one probe); speculation tried again after a run of plain rounds; the plain window."""
         alpha = (acceptance or self.acceptance).alpha
-        gains = {k: self.gain(k, costs, alpha)[0] for k in range(0, max_k + 1)}
+        near = nearby[1] if nearby is not None and not self.spec_timed() else None
+        gains = {k: self.gain(k, costs, alpha, near)[0] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
@@ -110,7 +122,11 @@ class WidthControl:
             if self.rounds_in_choice < MIN_EVIDENCE or gains[best] < MARGIN * gains[cur]:
                 best = cur  # hysteresis: keep the choice in force
         self.exploring = False
-        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known():
+        # A narrower width's ratio errs low (a verify costs relatively more as rows are added): a
+        # loss it predicts is no reason to try.
+        trusted = near is not None and nearby[0] < width
+        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
+                and not trusted:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
         elif best == 0 and cur == 0 and best_spec and self.plain_run >= self.explore_after:
             best = best_spec
@@ -127,7 +143,8 @@ class WidthControl:
         if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best`
             return Choice(0, 1.0, alpha, t0, None, measured, window=True)
         alt = (best_spec, gains[best_spec]) if best_spec else None
-        return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt)
+        return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt,
+                      from_width=nearby[0] if near is not None else None)
 
     def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
         """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted
@@ -234,12 +251,21 @@ class Controller:
         round that runs at this width: the hysteresis and exploration count rounds."""
         wc = self.at(width)
         before = wc.current
-        choice = wc.choose(max_k, self.costs, acceptance)
+        choice = wc.choose(max_k, self.costs, acceptance, self._nearest_timed(bucket(width)), bucket(width))
         if before is not None and (before == 0) != (wc.current == 0):  # a plain window is no switch
             self.switches += 1
             self.switched.append((width, choice.reason))
         self.last[bucket(width)] = choice
         return choice
+
+    def _nearest_timed(self, b: int) -> tuple[int, WidthControl] | None:
+        """The nearest other width where this drafter's rounds and plain rounds were timed: a width
+        with nothing measured yet predicts from its ratio T(k) / T(0) rather than from the load
+        probe's (one request at width 1), since a verify's cost relative to a step grows with the
+        width (more of the step is arithmetic). Equally near: the wider, whose ratio errs high."""
+        timed = [(w, wc) for (kind, w), wc in self._shared.items()
+                 if kind == self.drafter_kind and w != b and wc.plain.median(0) is not None and wc.spec_timed()]
+        return min(timed, key=lambda x: (abs(x[0] - b), -x[0])) if timed else None
 
     def decided_plain(self, width: int) -> bool:
         """Whether the choice in force at this width is plain (a query: changes nothing)."""

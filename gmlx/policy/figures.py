@@ -87,10 +87,12 @@ class Choice:
     exploring: bool = False
     window: bool = False  # a plain round of the once-only plain measurement (speculation stays chosen)
     best_spec: tuple[int, float] | None = None  # the best K >= 1 and its predicted gain (why plain)
+    from_width: int | None = None  # nothing measured here: predicted from that width's round times
 
     @property
     def reason(self) -> str:
-        src = "measured" if self.measured else "cost model"
+        src = ("measured" if self.measured else f"width {self.from_width}'s round times" if self.from_width
+               else "cost model")
         if self.window:
             return "measuring plain rounds once at this width"
         if self.exploring:
