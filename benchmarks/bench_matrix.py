@@ -3,8 +3,8 @@ lone request only), prompt lookup (ngram), a predicted output (re-asking with th
 as `prediction`) and what a user gets by default (the online control on) — per model, per prompt
 kind (code, chat), at c = 1, 2, 4 requests submitted together. Greedy, EOS ignored (every arm
 emits the same number of tokens: an arm that moved a token would show in `same tokens`).
-On SmolLM2, its shipped EAGLE-3 head (`eagle3`: a chain; `eagle3_tree`: trees, c = 1) beside the
-MTP head. Where a draft model applies (the embedded model's shipped draft): gmlx's `draft` drafter, and
+Where gmlx ships an EAGLE-3 head for the model (SmolLM2, the embedded model): `eagle3` (a chain)
+and `eagle3_tree` (trees, c = 1) beside the MTP head. Where a draft model applies (the embedded model's shipped draft): gmlx's `draft` drafter, and
 mlx-lm's own speculative decoding (`speculative_generate_step`, the same draft and K) at c = 1
 (mlx-lm decodes one request at a time). SmolLM2-135M has no smaller model in its family here.
 
@@ -33,7 +33,7 @@ from gmlx.config import Switches
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import default_model_path, load
-from gmlx.weights import SMOLLM2_EAGLE3
+from gmlx.drafters.select import shipped_eagle3
 
 from common import command_line, run_burst, write_result
 
@@ -53,10 +53,9 @@ ARMS = {  # name: (EngineConfig, Switches, uses the previous answer as predictio
     "ngram": (EngineConfig(drafter="ngram", **FIXED), Switches(control=False), False),
     "prediction": (EngineConfig(drafter="mtp", **FIXED), Switches(control=False), True),
     "default": (EngineConfig(prompt_cache_bytes=0), Switches(control=True), False),
-    # SmolLM2's shipped EAGLE-3 head (gmlx_training/train_smollm2_eagle3.py), as a chain and as trees
-    "eagle3": (EngineConfig(drafter="eagle3", draft_model=str(SMOLLM2_EAGLE3), **FIXED), Switches(control=False), False),
-    "eagle3_tree": (EngineConfig(drafter="eagle3", draft_model=str(SMOLLM2_EAGLE3), **FIXED),
-                    Switches(control=False, tree=True), False),
+    # the model's shipped EAGLE-3 head (gmlx_training/train_smollm2_eagle3.py), as a chain and as trees
+    "eagle3": (EngineConfig(drafter="eagle3", **FIXED), Switches(control=False), False),
+    "eagle3_tree": (EngineConfig(drafter="eagle3", **FIXED), Switches(control=False, tree=True), False),
     # the embedded model's shipped draft model, as gmlx runs it (beside mlx-lm's own, below)
     "draft": (EngineConfig(drafter="draft", draft_model=str(default_model_path() / "draft"), **FIXED),
               Switches(control=False), False),
@@ -116,7 +115,7 @@ def main() -> None:
             previous = [lm.tokenizer.decode(o) for o in burst(lm, "plain", pool, None, a.max_tokens)["out"]]
             chosen = {"plain", *a.arms.split(",")}
             names = [arm for arm in ARMS if arm in chosen and (arm != "draft" or draft is not None)
-                     and (not arm.startswith("eagle3") or (name.startswith("smollm2") and SMOLLM2_EAGLE3.is_dir()))]
+                     and (not arm.startswith("eagle3") or shipped_eagle3(lm)[0] is not None)]
             for arm in names:  # warm-up: kernels, the probe, the allocator
                 burst(lm, arm, pool[:1], previous, 8)
             for c in cs:

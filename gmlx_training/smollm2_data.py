@@ -13,6 +13,9 @@ samples at T=0.8, the others are greedy. Each batch becomes one shard `DIR/{spli
 - aux [N, 3 D] float16 (with `--aux`): the residual streams entering the layers an EAGLE-3 head
   reads (`gmlx.heads.eagle3_streams.layers_entering`: 2, 15 and 27 of SmolLM2's 30), concatenated.
 
+`--model embedded`: the same for gmlx's embedded default model (a code model without a chat
+template): code prompts only, cut from `--files` standard-library files per split.
+
 Prefill and decode both give hidden states, so every token the target reads is a training
 position. The run stops when the wall budget is spent (val shards first, then train), so a
 stopped run still leaves whole shards.
@@ -37,6 +40,11 @@ from gmlx.gguf import smollm2  # noqa: E402
 from gmlx.heads.eagle3_streams import tapped, layers_entering  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
 from gmlx_training.smollm2_prompts import build  # noqa: E402
+
+
+def target_model(name: str):
+    """The frozen target a drafter is distilled from: "smollm2" (its fp32 conversion) or "embedded"."""
+    return load(smollm2.converted("float32") if name == "smollm2" else None, drafter=False)
 
 
 def encode(lm, kind: str, text: str, max_len: int) -> list[int]:
@@ -159,24 +167,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus", action="store_true", help="teacher-forced text windows instead of answers")
     ap.add_argument("--corpus-seq", type=int, default=256)
     ap.add_argument("--aux", action="store_true", help="also store the streams an EAGLE-3 head reads")
+    ap.add_argument("--model", choices=("smollm2", "embedded"), default="smollm2",
+                    help="the target: SmolLM2's fp32 conversion, or the embedded default model (code only)")
+    ap.add_argument("--files", type=int, default=400, help="standard-library files per split prompts are cut from")
     a = ap.parse_args(argv)
     mx.random.seed(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
-    lm = load(smollm2.converted("float32"), drafter=False)
+    lm = target_model(a.model)
     target, eos = lm.target, lm.eos_ids
     target.model.freeze()
     taps = Taps(target, a.aux)
-    prompts = build(a.seed)
+    prompts = build(a.seed, a.files)
+    kinds = ("code", "chat") if a.model == "smollm2" else ("code",)
     plan = []  # (split, kind, [ids]) batches, prompts sorted by length within a kind to limit padding
     for split in ("val", "train"):
         per_kind = {}
-        for kind in ("code", "chat"):
+        for kind in kinds:
             ids = [encode(lm, kind, t, a.max_prompt) for t in prompts[split][kind]]
             order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
             chunks = [[ids[i] for i in order[j : j + a.batch]] for j in range(0, len(order), a.batch)]
             np.random.default_rng(a.seed).shuffle(chunks)
             per_kind[kind] = chunks
-        n = a.val_batches // 2 if split == "val" else max(len(c) for c in per_kind.values())
+        n = a.val_batches // len(kinds) if split == "val" else max(len(c) for c in per_kind.values())
         for j in range(n):
             for kind in per_kind:
                 if j < len(per_kind[kind]):

@@ -24,6 +24,8 @@ at RoPE position t + d - 1. Loss per depth, weighted 0.8^(d-1) (EAGLE-3's decay)
 and the chain's accepted length (teacher-forced) are logged every `--eval-min` minutes; the head
 is exported (float16) whenever its accepted length on answer positions is the best so far.
 `--init DIR` continues from a checkpoint this script wrote (the same draft vocabulary).
+`--model embedded` trains one for gmlx's embedded default model instead (data from
+``smollm2_data --model embedded --aux``; written to `gmlx/weights/default_model/eagle3`).
 """
 
 from __future__ import annotations
@@ -42,14 +44,13 @@ import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from gmlx.gguf import smollm2  # noqa: E402
 from gmlx.heads.draft_vocab import lm_head_rows  # noqa: E402
 from gmlx.heads.eagle3_checkpoint import layer_args, read_weights  # noqa: E402
 from gmlx.heads.eagle3_head import Eagle3Model  # noqa: E402
 from gmlx.heads.eagle3_streams import layers_entering  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
-from gmlx.weights import SMOLLM2_EAGLE3  # noqa: E402
-from gmlx_training.smollm2_data import load_shards  # noqa: E402
+from gmlx.weights import EMBEDDED_EAGLE3, SMOLLM2_EAGLE3  # noqa: E402
+from gmlx_training.smollm2_data import load_shards, target_model  # noqa: E402
 from gmlx_training.train_smollm2_head import draft_vocab  # noqa: E402
 from gmlx_training.training import BudgetSchedule, batches, compiled_step  # noqa: E402
 
@@ -177,7 +178,8 @@ def export(model: Eagle3Model, cfg: dict, ids: np.ndarray, out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, nargs="+", required=True, help="shard directories (with aux)")
-    ap.add_argument("--out", type=Path, default=SMOLLM2_EAGLE3)
+    ap.add_argument("--model", choices=("smollm2", "embedded"), default="smollm2")
+    ap.add_argument("--out", type=Path, help="default: the shipped head's directory for --model")
     ap.add_argument("--init", type=Path, help="continue from this checkpoint (its draft vocabulary)")
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--vocab", type=int, default=8192)
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     mx.random.seed(a.seed)
-    target = load(smollm2.converted("float32"), drafter=False).target
+    a.out = a.out or (SMOLLM2_EAGLE3 if a.model == "smollm2" else EMBEDDED_EAGLE3)
+    target = target_model(a.model).target
     target.model.freeze()
     train_s, val_s = load_shards(a.data, "train"), load_shards(a.data, "val")
     if a.init:

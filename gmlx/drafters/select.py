@@ -8,7 +8,8 @@ the row's own context; needs no files, so any target that can roll back has it),
 EAGLE-3 head in its public checkpoint layout, given as --draft-model PATH: gmlx/heads/eagle3_head.py;
 the engine then sees the target through a view that captures the layers the head reads). With no kind
 asked for: a draft model when one is given (the caller asked for it), else a shipped EAGLE-3 head
-(SmolLM2's GGUF: gmlx/gguf/smollm2.py; `--drafter eagle3` without a path takes it too), else the
+(SmolLM2's GGUF: gmlx/gguf/smollm2.py; `--drafter eagle3` without a path takes it too, and on the
+embedded model its own shipped EAGLE-3 head), else the
 MTP head, else the assistant head; never ngram, which is asked for by name (it pays only where the output repeats
 its context, and the model's own drafter, trained for it, is the better default).
 
@@ -28,7 +29,8 @@ from mlx.utils import tree_flatten
 from gmlx.errors import ModelLoadError, NoDrafterError
 from gmlx.gguf import smollm2
 from gmlx.models import family
-from gmlx.models.loading import LoadedModel, no_drafter_message, no_rollback_message
+from gmlx.models.loading import LoadedModel, default_model_path, no_drafter_message, no_rollback_message
+from gmlx.weights import EMBEDDED_EAGLE3
 from gmlx.drafters.base import Drafter
 
 KINDS = ("mtp", "draft", "assistant", "ngram", "prediction", "eagle3")
@@ -201,9 +203,10 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
     for (or the default order). speculative=True without one is an error; a target that cannot
     roll back decodes plain (an error when speculation was asked for)."""
     draft_model = draft_model if draft_model is not None else config.draft_model
-    if (drafter is None and draft_model is None and config.drafter in (None, "eagle3")
-            and config.speculative is not False and (shipped := smollm2.shipped_eagle3_dir(lm.path)) is not None):
-        return _eagle3(lm, shipped)  # SmolLM2's GGUF: the EAGLE-3 head gmlx trained for it drafts best
+    shipped, by_default = shipped_eagle3(lm)
+    if (drafter is None and draft_model is None and config.speculative is not False and shipped is not None
+            and (config.drafter == "eagle3" or (config.drafter is None and by_default))):
+        return _eagle3(lm, shipped)  # an EAGLE-3 head gmlx trained for this model
     if config.drafter == "eagle3" and drafter is None and config.speculative is not False:
         return _eagle3(lm, draft_model)
     draft_lm = draft_model if draft_model is None or isinstance(draft_model, LoadedModel) else load_draft_model(draft_model)
@@ -218,6 +221,17 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
         notices.append(no_rollback_message(lm))
         drafter = None
     return DrafterChoice(drafter, draft_lm, cap_defaults(lm, drafter), cap_key_suffix(drafter), notices)
+
+
+def shipped_eagle3(lm) -> tuple[Path | None, bool]:
+    """(the EAGLE-3 head gmlx ships for this model, whether it is the model's default drafter):
+    SmolLM2's GGUF conversion drafts with its head by default (it beats the MTP head there);
+    the embedded model's is taken when asked for (`--drafter eagle3`)."""
+    if (d := smollm2.shipped_eagle3_dir(lm.path)) is not None:
+        return d, True
+    if lm.path == default_model_path() and (EMBEDDED_EAGLE3 / "config.json").is_file():
+        return EMBEDDED_EAGLE3, False
+    return None, False
 
 
 def _eagle3(lm, path) -> DrafterChoice:
