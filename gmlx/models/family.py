@@ -42,6 +42,16 @@ MTP_KINDS_PREFIX = ("mtp", "native-mtp")
 SEPARATE_KINDS = ("draft-model", "assistant")
 
 
+def _guess_source(kind: str) -> str:
+    return f"family default: {kind.replace('-', ' ')} drafter"
+
+
+# Drafter kinds whose family default (2) is a guess at the drafter's cost, not a measurement;
+# the online control measures instead (gmlx.policy.caps.under_control).
+GUESSED_KINDS = (*SEPARATE_KINDS, "ngram", "prediction")
+GUESSED_SOURCES = frozenset(_guess_source(k) for k in GUESSED_KINDS)
+
+
 def default_cap(kind: str | None, is_moe: bool, config_cap) -> tuple[int | str, str]:
     """(cap, where it comes from) for a model when nothing else sets the cap. `config_cap` is
     config.json's `speculative_width_cap` (None when absent); "off" passes through."""
@@ -51,10 +61,8 @@ def default_cap(kind: str | None, is_moe: bool, config_cap) -> tuple[int | str, 
         return 0, BUILT_IN
     if is_moe:
         return 1, "family default: routed-expert (MoE) target"
-    if kind in SEPARATE_KINDS:
-        return 2, f"family default: {kind.replace('-', ' ')} drafter"
-    if kind in ("ngram", "prediction"):
-        return 2, f"family default: {kind} drafter"
+    if kind in GUESSED_KINDS:
+        return 2, _guess_source(kind)
     if kind.startswith(MTP_KINDS_PREFIX):
         return 0, "family default: dense target with an MTP head"
     return 0, BUILT_IN

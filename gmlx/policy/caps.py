@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gmlx.models import family
 from gmlx.policy import admission
 from gmlx.policy.user_config import OFF, Cap, parse_cap, read_user_entry
 
@@ -64,22 +65,18 @@ class CapDecision:
         return f"{self.text} ({self.source})"
 
 
-# A family's default cap (gmlx.models.family.default_cap) is a guess made for engines that cannot
-# measure: a drafter kind's usual cost. The online control measures what each width buys, so
+# A drafter family's default cap (gmlx.models.family.GUESSED_KINDS) is a guess made for engines
+# that cannot measure: a drafter kind's usual cost. The online control measures what each width buys, so
 # under it that guess would only forbid widths where speculation pays (a prompt-lookup drafter at
 # width 4 gaining 1.3x over plain behind a cap of 2). Not dropped: a routed-expert target's cap
 # (a verify's cost there grows with the rows' distinct experts, which the load probe at width 1
 # does not see), the model's own config.json value (measured with its head), a cap someone set
 # (flag, env, user config) and a drafter's hard limit.
-_DRAFTER_GUESSES = ("family default: ngram drafter", "family default: prediction drafter",
-                    "family default: draft model drafter", "family default: assistant drafter")
-
-
 def under_control(defaults: dict) -> dict:
     """`defaults` (the model-and-drafter part of `resolve_cap`) for an engine whose online control
     decides: a drafter family's guessed cap becomes uncapped, said in the source."""
     source = defaults.get("model_default_source", "")
-    if source not in _DRAFTER_GUESSES:
+    if source not in family.GUESSED_SOURCES:
         return defaults
     return {**defaults, "model_default": 0,
             "model_default_source": f"the online control decides per width ({source} {defaults['model_default']} not applied)"}
