@@ -97,13 +97,13 @@ class WidthControl:
     def gain(self, k: int, costs: Costs, alpha: float, nearby: "WidthControl | None" = None) -> tuple[float, bool]:
         if k == 0:
             return 1.0, True
-        seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
         if nearby is not None:  # no speculative round timed here: the nearest timed width's T(0) / T(k)
-            n0, nk, _ = nearby.times(k, costs)
-            return (seen if seen is not None else emitted(alpha, k)) * n0 / nk, False
-        t0, tk, measured = self.times(k, costs)
+            t0, tk, measured = (*nearby.times(k, costs)[:2], False)
+        else:
+            t0, tk, measured = self.times(k, costs)
         if t0 is None:  # nothing measured anywhere: the cost model alone
             return costs.speedup(alpha, k), False
+        seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
         return (seen if seen is not None else emitted(alpha, k)) * t0 / tk, measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
