@@ -17,14 +17,19 @@ probe's verify and drafter costs, or the built-in prior): before any round, the 
 cost model's; after a few, it is the machine's. A width where no speculative round is timed yet
 takes T(0) / T(k) from the nearest width where both are (the load probe times one request at
 width 1; as rows are added a verify costs relatively more), and a loss predicted from a narrower
-width is not tried first. The best k (gain, k = 0 counting 1) runs, with
-hysteresis: the choice in force changes only when another is predicted MARGIN better, so the
-control does not flap between two near-equal choices.
+width is not tried first. The best k (gain, k = 0 counting 1) runs, with hysteresis that gives
+the doubt to plain decoding (never lose): speculation is left as soon as plain is predicted
+better (after MIN_EVIDENCE rounds of it), and entered from plain only when predicted MARGIN
+better and above 1 by more than Z standard errors of its own measured figures (the two round
+times, measured at different moments of a noisy machine, and the tokens per round) — near
+break-even the control decodes plain instead of flapping or speculating on noise.
 
 Keeping the estimates fresh at a bounded cost: a width decided plain tries speculation again
 after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
 1024: at most ~10 % of rounds, then ~1 %), and a width that speculates without a plain
-measurement runs PLAIN_WINDOW plain rounds once, so its "1.0x" is measured, not assumed. Plain
+measurement runs PLAIN_WINDOW plain rounds once, so its "1.0x" is measured, not assumed — unless
+another width has both timed: then its plain time is this width's k time through that width's
+ratio T(0) / T(k) (a window costs a gate and a resume, a large share of a short burst's rounds). Plain
 round times are shared by every engine on the same target in the process (a plain baseline's
 rounds teach the speculative engine), speculative ones per (target, drafter kind).
 
@@ -37,11 +42,10 @@ from __future__ import annotations
 import weakref
 
 from gmlx.policy.costs import Costs, emitted
-from gmlx.policy.figures import MIN_SAMPLES, PRIOR_WEIGHT, Acceptance, Choice, Times, bucket
+from gmlx.policy.figures import MIN_SAMPLES, PRIOR_WEIGHT, Acceptance, Choice, Times, bucket, surely_pays
 
 TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
 TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
-MARGIN = 1.05  # hysteresis: another choice must be predicted 5 % better to replace the one in force
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
 PLAIN_WINDOW = 5  # plain rounds a speculating width runs once, when it has no plain measurement
@@ -63,18 +67,21 @@ class WidthControl:
         self.plain_checked = False
         self.exploring = False
 
-    def times(self, k: int, costs: Costs) -> tuple[float | None, float | None, bool]:
+    def times(self, k: int, costs: Costs, near: "WidthControl | None" = None) -> tuple[float | None, float | None, bool]:
         """(plain seconds, k's seconds, both measured): medians where measured, else derived
         through the cost model's ratio from the nearest measured kind — another speculative k
-        before plain rounds, since a round period holds host work (emission, planning) that a
-        forward-only ratio does not: K=3 scaled from a measured K=2 errs far less than from plain
-        rounds double-buffered on the device. (None, None) before any round."""
+        before plain rounds (a period holds host work a forward-only ratio does not) — or, for a
+        plain time, from k's through the ratio measured at `near` (both timed there). (None,
+        None) before any round."""
         med = {j: self._median(j) for j in self._known()}
         med = {j: v for j, v in med.items() if v is not None}
         if not med:
             return None, None, False
-        t0 = med[0] if 0 in med else self._derived(0, med, costs)
         tk = med[k] if k in med else self._derived(k, med, costs)
+        t0 = med[0] if 0 in med else self._derived(0, med, costs)
+        if 0 not in med and near is not None:
+            n0, nk, _ = near.times(k, costs)
+            t0 = tk * n0 / nk
         return t0, tk, 0 in med and k in med
 
     @staticmethod
@@ -97,10 +104,10 @@ class WidthControl:
     def gain(self, k: int, costs: Costs, alpha: float, nearby: "WidthControl | None" = None) -> tuple[float, bool]:
         if k == 0:
             return 1.0, True
-        if nearby is not None:  # no speculative round timed here: the nearest timed width's T(0) / T(k)
+        if nearby is not None and not self.spec_timed():  # the nearest timed width's T(0) / T(k)
             t0, tk, measured = (*nearby.times(k, costs)[:2], False)
-        else:
-            t0, tk, measured = self.times(k, costs)
+        else:  # this width's times (its plain time through nearby's ratio when not measured here)
+            t0, tk, measured = self.times(k, costs, nearby)
         if t0 is None:  # nothing measured anywhere: the cost model alone
             return costs.speedup(alpha, k), False
         seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
@@ -114,13 +121,15 @@ class WidthControl:
         from one probe); speculation tried again after a run of plain rounds; the plain window."""
         alpha = (acceptance or self.acceptance).alpha
         near = nearby[1] if nearby is not None and not self.spec_timed() else None
-        gains = {k: self.gain(k, costs, alpha, near)[0] for k in range(0, max_k + 1)}
+        ratio = nearby[1] if nearby is not None else None
+        gains = {k: self.gain(k, costs, alpha, ratio)[0] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
+        doubt = self.doubt(best_spec) if best_spec and near is None else 0.0
         if cur is not None and cur in gains and (cur == 0) != (best == 0):  # plain <-> speculative
-            if self.rounds_in_choice < MIN_EVIDENCE or gains[best] < MARGIN * gains[cur]:
-                best = cur  # hysteresis: keep the choice in force
+            if self.rounds_in_choice < MIN_EVIDENCE or (cur == 0 and not surely_pays(gains[best], doubt)):
+                best = cur  # hysteresis: keep the choice in force (speculation is left without margin)
         self.exploring = False
         # A narrower width's ratio errs low (a verify costs relatively more as rows are added): a
         # loss it predicts is no reason to try.
@@ -139,20 +148,26 @@ class WidthControl:
             if best > 0 and cur == 0 and not self.exploring:
                 self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
         self.current = best
-        t0, tk, measured = self.times(best, costs)
+        t0, tk, measured = self.times(best, costs, ratio)
         if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best`
             return Choice(0, 1.0, alpha, t0, None, measured, window=True)
         alt = (best_spec, gains[best_spec]) if best_spec else None
         return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt,
-                      from_width=nearby[0] if near is not None else None)
+                      from_width=nearby[0] if near is not None else None, doubt=doubt)
+
+    def doubt(self, k: int) -> float:
+        """The relative standard error of k's predicted gain from the figures measured here."""
+        p0, _ = self.plain.errors(0)
+        pk, tk = self.spec.errors(k)
+        return (p0 * p0 + pk * pk + tk * tk) ** 0.5
 
     def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
         """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted
-        within TRY_WITHIN of the best: a few rounds measure it instead of trusting the cost
+        within TRY_WITHIN of the best and not a loss: a few rounds measure it instead of trusting the cost
         model's ratio (one probe at width 1; a deep draft position agrees less than the geometric
         model says), so every plausible k up to the ceiling is soon a measurement."""
         untried = [k for k in range(1, max_k + 1) if k != best and len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
-                   and gains[k] >= TRY_WITHIN * gains[best]]
+                   and gains[k] >= max(1.0, TRY_WITHIN * gains[best])]
         return min(untried, key=lambda k: (abs(k - best), -k)) if untried else best
 
     def add_time(self, k: int, seconds: float) -> None:
@@ -278,4 +293,7 @@ class Controller:
         return Acceptance(a.successes, a.failures, 0)
 
     def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
-        self.at(width).observe(k, seconds, rows)
+        wc = self.at(width)
+        wc.observe(k, seconds, rows)
+        if wc.plain_window and wc.plain_window == PLAIN_WINDOW and self._nearest_timed(bucket(width)):
+            wc.plain_window = 0  # a width where both are timed lends its ratio: no gate, no resume

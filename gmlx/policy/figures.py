@@ -3,6 +3,7 @@ recent round periods and tokens per K, and a choice with its reason. Pure host a
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -11,6 +12,14 @@ WINDOW = 16  # rounds per (width, k) in the running median
 MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's figure
 PRIOR_WEIGHT = 3.0  # rounds the prior acceptance (alpha 0.6, below) is worth
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
+MARGIN = 1.05  # hysteresis: plain is left for speculation predicted at least 5 % better
+Z = 1.0  # ... and above plain by more than this many standard errors of the prediction
+
+
+def surely_pays(gain: float, doubt: float) -> bool:
+    """Whether a predicted gain is worth leaving plain decoding for: MARGIN above plain, and above
+    it by more than Z of its standard errors (a gain the machine's noise could make is no gain)."""
+    return gain >= MARGIN and gain * (1.0 - Z * doubt) >= 1.0
 
 
 def bucket(width: int) -> int:
@@ -63,6 +72,17 @@ class Times:
         d = self.by_k.get(k)
         return statistics.median(d) if d is not None and len(d) >= MIN_SAMPLES else None
 
+    def errors(self, k: int) -> tuple[float, float]:
+        """Relative standard errors of k's median period and (k >= 1) of its mean tokens per row
+        and round; 0 where fewer than MIN_SAMPLES rounds (nothing to say the spread from)."""
+        d, t = self.by_k.get(k, ()), self.tokens.get(k, ())
+        period = 0.0
+        if len(d) >= MIN_SAMPLES:  # the median's error from the MAD (robust to the VM's spikes)
+            med = statistics.median(d)
+            period = 1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d) / (med * math.sqrt(len(d)))
+        tokens = statistics.stdev(t) / (statistics.fmean(t) * math.sqrt(len(t))) if len(t) >= MIN_SAMPLES else 0.0
+        return period, tokens
+
 
 def steady_rate(width: int, periods: list[float], tokens_per_row: list[float]) -> float | None:
     """Aggregate tokens/s of `width` rows as the control estimates it: width x the mean tokens a
@@ -88,6 +108,7 @@ class Choice:
     window: bool = False  # a plain round of the once-only plain measurement (speculation stays chosen)
     best_spec: tuple[int, float] | None = None  # the best K >= 1 and its predicted gain (why plain)
     from_width: int | None = None  # nothing measured here: predicted from that width's round times
+    doubt: float = 0.0  # the best K's predicted gain's relative standard error (measured figures)
 
     @property
     def reason(self) -> str:
@@ -98,7 +119,11 @@ class Choice:
         if self.exploring:
             return f"trying K={self.k} again (plain for a while; acceptance {self.alpha:.2f})"
         if self.k == 0:
-            alt = f"best K={self.best_spec[0]} predicted {self.best_spec[1]:.2f}x, " if self.best_spec else ""
+            alt = ""
+            if self.best_spec:
+                k, g = self.best_spec
+                noise = f" ± {g * self.doubt:.2f} (within noise)" if g >= 1.0 and self.doubt else ""
+                alt = f"best K={k} predicted {g:.2f}x{noise}, "
             return f"plain: {alt}acceptance {self.alpha:.2f} ({src})"
         times = (f", round {1e3 * self.round_s:.1f} ms vs plain {1e3 * self.plain_s:.1f} ms"
                  if self.round_s and self.plain_s else "")
