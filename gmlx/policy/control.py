@@ -17,12 +17,11 @@ probe's verify and drafter costs, or the built-in prior): before any round, the 
 cost model's; after a few, it is the machine's. A width where no speculative round is timed yet
 takes T(0) / T(k) from the nearest width where both are (the load probe times one request at
 width 1; as rows are added a verify costs relatively more), and a loss predicted from a narrower
-width is not tried first. The best k (gain, k = 0 counting 1) runs, with hysteresis that gives
-the doubt to plain decoding (never lose): speculation is left as soon as plain is predicted
-better (after MIN_EVIDENCE rounds of it), and entered from plain only when predicted MARGIN
-better and above 1 by more than Z standard errors of its own measured figures (the two round
-times, measured at different moments of a noisy machine, and the tokens per round) — near
-break-even the control decodes plain instead of flapping or speculating on noise.
+width is not tried first. The best k (gain, k = 0 counting 1) runs, with hysteresis giving the
+doubt to plain (never lose): speculation is left once predicted under STAY (after MIN_EVIDENCE
+rounds), entered only when predicted MARGIN better and above 1 by more than Z standard errors
+of its measured figures (two period medians from a noisy machine, the tokens per round); a try
+(a new width's first, an exploration) stays after MIN_EVIDENCE rounds only if it passes that.
 
 Keeping the estimates fresh at a bounded cost: a width decided plain tries speculation again
 after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
@@ -42,7 +41,8 @@ from __future__ import annotations
 import weakref
 
 from gmlx.policy.costs import Costs, emitted
-from gmlx.policy.figures import MIN_SAMPLES, PRIOR_WEIGHT, Acceptance, Choice, Times, bucket, surely_pays
+from gmlx.policy.figures import (MIN_SAMPLES, PRIOR_WEIGHT, STAY, Acceptance, Choice, Times, bucket, gain_doubt,
+                                 surely_pays)
 
 TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
 TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
@@ -66,6 +66,7 @@ class WidthControl:
         self.plain_window = 0  # plain rounds still owed to the once-only plain measurement
         self.plain_checked = False
         self.exploring = False
+        self.tentative = False  # speculation tried (first, or exploring), not yet sure to pay
 
     def times(self, k: int, costs: Costs, near: "WidthControl | None" = None) -> tuple[float | None, float | None, bool]:
         """(plain seconds, k's seconds, both measured): medians where measured, else derived
@@ -126,10 +127,16 @@ class WidthControl:
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
-        doubt = self.doubt(best_spec) if best_spec and near is None else 0.0
-        if cur is not None and cur in gains and (cur == 0) != (best == 0):  # plain <-> speculative
-            if self.rounds_in_choice < MIN_EVIDENCE or (cur == 0 and not surely_pays(gains[best], doubt)):
-                best = cur  # hysteresis: keep the choice in force (speculation is left without margin)
+        doubt = gain_doubt(self.plain, self.spec, best_spec) if best_spec and near is None else 0.0
+        if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
+            settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
+            if (cur == 0) != (best == 0) and not settled:
+                best = cur
+            elif (cur == 0 and best and not sure) or (cur and best and settled and (
+                    gains[best] < STAY or (self.tentative and not sure))):
+                best = 0  # a try (first, or exploring) stays only if its measured gain is sure
+            elif cur and best and settled:
+                self.tentative = False
         self.exploring = False
         # A narrower width's ratio errs low (a verify costs relatively more as rows are added): a
         # loss it predicts is no reason to try.
@@ -144,7 +151,7 @@ class WidthControl:
         elif best > 0 and best == argmax and gains[best] > 1.0:
             best = self._neighbour_to_try(best, max_k, gains)
         if cur is None or (best == 0) != (cur == 0):
-            self.rounds_in_choice = 0
+            self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring)
             if best > 0 and cur == 0 and not self.exploring:
                 self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
         self.current = best
@@ -154,12 +161,6 @@ class WidthControl:
         alt = (best_spec, gains[best_spec]) if best_spec else None
         return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt,
                       from_width=nearby[0] if near is not None else None, doubt=doubt)
-
-    def doubt(self, k: int) -> float:
-        """The relative standard error of k's predicted gain from the figures measured here."""
-        p0, _ = self.plain.errors(0)
-        pk, tk = self.spec.errors(k)
-        return (p0 * p0 + pk * pk + tk * tk) ** 0.5
 
     def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
         """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted

@@ -13,6 +13,10 @@ MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's fig
 PRIOR_WEIGHT = 3.0  # rounds the prior acceptance (alpha 0.6, below) is worth
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
 MARGIN = 1.05  # hysteresis: plain is left for speculation predicted at least 5 % better
+# ... and speculation is left when predicted under 3 % better: a steady-state gain that small does
+# not pay for what the estimate leaves out (a request's drafter arming, a gate and its resume, rows
+# that finish at different rounds when a batch drains: ~10 % of a 32-token burst of 8 at K = 1).
+STAY = 1.03
 Z = 1.0  # ... and above plain by more than this many standard errors of the prediction
 
 
@@ -82,6 +86,14 @@ class Times:
             period = 1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d) / (med * math.sqrt(len(d)))
         tokens = statistics.stdev(t) / (statistics.fmean(t) * math.sqrt(len(t))) if len(t) >= MIN_SAMPLES else 0.0
         return period, tokens
+
+
+def gain_doubt(plain: Times, spec: Times, k: int) -> float:
+    """The relative standard error of k's predicted gain E(k) T(0) / T(k) from the figures measured
+    (the two period medians, k's tokens per round; 0 for what is not measured)."""
+    p0, _ = plain.errors(0)
+    pk, tk = spec.errors(k)
+    return (p0 * p0 + pk * pk + tk * tk) ** 0.5
 
 
 def steady_rate(width: int, periods: list[float], tokens_per_row: list[float]) -> float | None:
