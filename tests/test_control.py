@@ -124,6 +124,23 @@ def test_an_exploration_stays_only_if_its_gain_is_sure():
     assert ks[:MIN_EVIDENCE - 1] == [1] * (MIN_EVIDENCE - 1) and ks[-1] == 0, ks
 
 
+@pytest.mark.parametrize("own, speculates", [(0.1, False), (0.5, True)])
+def test_a_lone_request_is_decided_on_its_own_acceptance(own, speculates):
+    """Width 1: K=1 rounds pooled over requests emit 1.5 tokens (alpha 0.5) in 12.5 ms against
+    10 ms plain: 1.2x. A request that accepts 10 % of its drafts is predicted 1.1 * 10 / 12.5 =
+    0.88x (the pooled figure scaled by E(0.1) / E(0.5)) and goes plain; one at 0.5 keeps K=1."""
+    ctl = fresh()
+    for i in range(16):
+        ctl.observe(1, 1, 0.0125, [(1, i % 2)])
+    feed(ctl, 1, 0, 0.010, accepted=0, n=8)
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice, pool = 1, MIN_EVIDENCE, wc.acceptance.alpha
+    assert pool == pytest.approx(0.5, abs=0.05)
+    c = ctl.choose(1, 1, Acceptance(own * 20, (1 - own) * 20))
+    assert (c.k == 1) is speculates, c
+    assert c.best_spec[1] == pytest.approx(1.5 * (1 + own) / (1 + pool) * 10 / 12.5, rel=1e-6)
+
+
 def test_a_gain_within_the_machines_noise_does_not_leave_plain():
     """The same 1.10x median gain, but the speculative periods swing 8 ms either way (a noisy VM):
     its standard error exceeds its margin over plain, so plain stays, said with the noise."""

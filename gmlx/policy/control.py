@@ -32,169 +32,27 @@ ratio T(0) / T(k) (a window costs a gate and a resume, a large share of a short 
 round times are shared by every engine on the same target in the process (a plain baseline's
 rounds teach the speculative engine), speculative ones per (target, drafter kind).
 
-Pure arithmetic over host-side figures: nothing here touches the device. The control never moves
-a token: it only decides how many drafts a round checks (docs/design.md §3).
+The lone request (the scalar loop) is decided on its own acceptance: the tokens per round
+measured at width 1, pooled over requests, are scaled by E(its alpha) / E(the pool's alpha), so a
+request that accepts little goes plain while one that accepts much keeps drafting.
+
+Here: the figures shared per process and the per-engine Controller; one width's decision is
+gmlx/policy/width_control.py. Pure arithmetic over host-side figures: nothing here touches the
+device. The control never moves a token: it only decides how many drafts a round checks
+(docs/design.md §3).
 """
 
 from __future__ import annotations
 
 import weakref
 
-from gmlx.policy.costs import Costs, emitted
-from gmlx.policy.figures import (MIN_SAMPLES, PRIOR_WEIGHT, STAY, Acceptance, Choice, Times, bucket, gain_doubt,
-                                 surely_pays)
+from gmlx.policy.costs import Costs
+from gmlx.policy.figures import PRIOR_WEIGHT, Acceptance, Choice, Times, bucket
+from gmlx.policy.width_control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, TRY_WITHIN, WidthControl
 
-TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
-TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
-MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
-EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
-PLAIN_WINDOW = 5  # plain rounds a speculating width runs once, when it has no plain measurement
-PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
-
-
-class WidthControl:
-    """The figures and the choice in force at one width bucket."""
-
-    def __init__(self, plain: Times, spec: Times):
-        self.plain, self.spec = plain, spec  # shared per target / per (target, drafter)
-        self.acceptance = Acceptance()
-        self.current: int | None = None  # the k in force (None: not decided yet)
-        self.rounds_in_choice = 0
-        self.plain_run = 0  # consecutive plain rounds while the choice is plain
-        self.explore_after = EXPLORE_FIRST
-        self.spec_rounds = 0
-        self.plain_window = 0  # plain rounds still owed to the once-only plain measurement
-        self.plain_checked = False
-        self.exploring = False
-        self.tentative = False  # speculation tried (first, or exploring), not yet sure to pay
-
-    def times(self, k: int, costs: Costs, near: "WidthControl | None" = None) -> tuple[float | None, float | None, bool]:
-        """(plain seconds, k's seconds, both measured): medians where measured, else derived
-        through the cost model's ratio from the nearest measured kind — another speculative k
-        before plain rounds (a period holds host work a forward-only ratio does not) — or, for a
-        plain time, from k's through the ratio measured at `near` (both timed there). (None,
-        None) before any round."""
-        med = {j: self._median(j) for j in self._known()}
-        med = {j: v for j, v in med.items() if v is not None}
-        if not med:
-            return None, None, False
-        tk = med[k] if k in med else self._derived(k, med, costs)
-        t0 = med[0] if 0 in med else self._derived(0, med, costs)
-        if 0 not in med and near is not None:
-            n0, nk, _ = near.times(k, costs)
-            t0 = tk * n0 / nk
-        return t0, tk, 0 in med and k in med
-
-    @staticmethod
-    def _derived(k: int, med: dict[int, float], costs: Costs) -> float:
-        """k's period from the nearest measured kind of the same sort (speculative for k >= 1)."""
-        same = [j for j in med if (j > 0) == (k > 0)] or list(med)
-        j = min(same, key=lambda j: (abs(j - k), j))
-        return med[j] * costs.round_cost(k) / costs.round_cost(j)
-
-    def spec_timed(self) -> bool:
-        """Whether a speculative round's period is measured here (enough rounds for a median)."""
-        return any(self.spec.median(k) is not None for k in self.spec.by_k)
-
-    def _known(self) -> set[int]:
-        return set(self.plain.by_k) | set(self.spec.by_k)
-
-    def _median(self, k: int) -> float | None:
-        return (self.plain if k == 0 else self.spec).median(k)
-
-    def gain(self, k: int, costs: Costs, alpha: float, nearby: "WidthControl | None" = None) -> tuple[float, bool]:
-        if k == 0:
-            return 1.0, True
-        if nearby is not None and not self.spec_timed():  # the nearest timed width's T(0) / T(k)
-            t0, tk, measured = (*nearby.times(k, costs)[:2], False)
-        else:  # this width's times (its plain time through nearby's ratio when not measured here)
-            t0, tk, measured = self.times(k, costs, nearby)
-        if t0 is None:  # nothing measured anywhere: the cost model alone
-            return costs.speedup(alpha, k), False
-        seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
-        return (seen if seen is not None else emitted(alpha, k)) * t0 / tk, measured
-
-    def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
-               nearby: tuple[int, "WidthControl"] | None = None, width: int = 0) -> Choice:
-        """The k to run now (0: plain): the best predicted, kept by hysteresis; speculation tried
-        first at a width with nothing measured unless the cost model predicts a clear loss; an
-        unmeasured k tried when predicted close to the best (the cost model's ratios come
-        from one probe); speculation tried again after a run of plain rounds; the plain window."""
-        alpha = (acceptance or self.acceptance).alpha
-        near = nearby[1] if nearby is not None and not self.spec_timed() else None
-        ratio = nearby[1] if nearby is not None else None
-        gains = {k: self.gain(k, costs, alpha, ratio)[0] for k in range(0, max_k + 1)}
-        best = argmax = max(gains, key=lambda k: (gains[k], -k))
-        best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
-        cur = self.current
-        doubt = gain_doubt(self.plain, self.spec, best_spec) if best_spec and near is None else 0.0
-        if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
-            settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
-            if (cur == 0) != (best == 0) and not settled:
-                best = cur
-            elif (cur == 0 and best and not sure) or (cur and best and settled and (
-                    gains[best] < STAY or (self.tentative and not sure))):
-                best = 0  # a try (first, or exploring) stays only if its measured gain is sure
-            elif cur and best and settled:
-                self.tentative = False
-        self.exploring = False
-        # A narrower width's ratio errs low (a verify costs relatively more as rows are added): a
-        # loss it predicts is no reason to try.
-        trusted = near is not None and nearby[0] < width
-        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
-                and not trusted:
-            best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
-        elif best == 0 and cur == 0 and best_spec and self.plain_run >= self.explore_after:
-            best = best_spec
-            self.explore_after = min(EXPLORE_MAX, self.explore_after * 2)
-            self.exploring = True
-        elif best > 0 and best == argmax and gains[best] > 1.0:
-            best = self._neighbour_to_try(best, max_k, gains)
-        if cur is None or (best == 0) != (cur == 0):
-            self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring)
-            if best > 0 and cur == 0 and not self.exploring:
-                self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
-        self.current = best
-        t0, tk, measured = self.times(best, costs, ratio)
-        if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best`
-            return Choice(0, 1.0, alpha, t0, None, measured, window=True)
-        alt = (best_spec, gains[best_spec]) if best_spec else None
-        return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt,
-                      from_width=nearby[0] if near is not None else None, doubt=doubt)
-
-    def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
-        """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted
-        within TRY_WITHIN of the best and not a loss: a few rounds measure it instead of trusting the cost
-        model's ratio (one probe at width 1; a deep draft position agrees less than the geometric
-        model says), so every plausible k up to the ceiling is soon a measurement."""
-        untried = [k for k in range(1, max_k + 1) if k != best and len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
-                   and gains[k] >= max(1.0, TRY_WITHIN * gains[best])]
-        return min(untried, key=lambda k: (abs(k - best), -k)) if untried else best
-
-    def add_time(self, k: int, seconds: float) -> None:
-        """A steady round's period at this width with k drafts (0: plain)."""
-        (self.plain if k == 0 else self.spec).add(k, seconds)
-
-    def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
-        """A round ran at this width with k drafts (0: plain) in `seconds` (None: not a steady-state
-        round, e.g. a capture round); `rows`: (drafted, accepted) per row."""
-        if seconds is not None:
-            (self.plain if k == 0 else self.spec).add(k, seconds)
-        if k and rows:
-            self.spec.add_tokens(k, sum(min(a, d) + 1 for d, a in rows) / len(rows))
-        for drafted, accepted in rows:
-            self.acceptance.record(drafted, accepted)
-        self.rounds_in_choice += 1
-        if k == 0:
-            self.plain_run += 1
-            self.plain_window = max(0, self.plain_window - 1)
-        else:
-            self.plain_run = 0
-            self.spec_rounds += 1
-            if (not self.plain_checked and self.spec_rounds >= PLAIN_CHECK_AFTER
-                    and self.plain.median(0) is None):
-                self.plain_checked, self.plain_window = True, PLAIN_WINDOW
-
+# The rule's figures are named here with it (the per-width arithmetic is gmlx/policy/width_control.py).
+__all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "TRY_WITHIN", "Acceptance", "Choice", "Controller",
+           "WidthControl", "bucket", "forget", "record_plain"]
 
 # Figures learnt in this process, shared by every engine on the same target: plain round times per
 # target, speculative ones per (target, drafter kind) — a new engine starts from what earlier ones
