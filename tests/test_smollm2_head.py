@@ -73,6 +73,25 @@ def test_engines_through_the_eagle3_view_share_what_the_control_learnt(smollm2):
     control.forget(lm.target)
 
 
+def test_engines_through_the_eagle3_view_share_one_cost_probe(smollm2, monkeypatch):
+    """The load probe's figures are filed under the target too: the second engine with the head
+    (the next bench run, the next `Engine()`) does not measure again — a probe is ~1.2 s of
+    SmolLM2's first speculative round, which every bench run of every speculative arm paid."""
+    from gmlx.decode import probe
+    from gmlx.policy.costs import Costs
+
+    monkeypatch.delenv("GMLX_ROUND_COSTS", raising=False)  # the suite pins the prior: measure here
+    lm = smollm2.load("q")
+    calls = []
+    monkeypatch.setattr(probe, "measure", lambda *a, **k: calls.append(a) or Costs((1.0, 1.1, 1.2, 1.3), 0.05))
+    engines = [Engine(lm, EngineConfig()) for _ in range(2)]
+    assert engines[0].lm.target is not engines[1].lm.target
+    costs = [probe.round_costs(e.lm.target, e.drafter, 3) for e in engines]
+    assert len(calls) <= 1 and costs[0] is costs[1]
+    for eng in engines:
+        eng.close()
+
+
 @pytest.mark.parametrize("dtype, n_prompts, kind", [
     ("q", 1, "eagle3"),  # what `--model smollm2` loads: the file's 4-bit blocks (verify through the twin)
     ("q", 1, "mtp"),

@@ -1,7 +1,7 @@
 """Measure what a speculative round costs on this machine: verify forwards of 1..K+1 tokens and
 one drafter step, relative to a one-token forward (gmlx/policy/costs.py explains the units).
 
-Run once per (target, drafter kind, K) in a process, when a speculative engine is constructed
+Run once per (model, drafter kind, K) in a process, when a speculative engine is constructed
 (skipped when K is explicit: such an engine always speculates); a lone request gives speculation
 up on these figures only after a second measurement agrees (`reconfirmed`). Costs are timed as the
 engine meets them: wall time of the forward built and evaluated (graph building included,
@@ -35,12 +35,19 @@ _CONTEXT = 48
 _measured: "weakref.WeakKeyDictionary[Target, dict]" = weakref.WeakKeyDictionary()
 
 
+def _key(target: Target) -> Target:
+    """The model the figures belong to: an engine that sees it through a view (an EAGLE-3 head's
+    AuxTarget, new with each engine) files them under the target it wraps — else every such engine
+    measured again, ~1.2 s of SmolLM2's first speculative round each time."""
+    return getattr(target, "figures_key", target)
+
+
 def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
     """The measured costs for this target and drafter kind (measured once per process)."""
     if switches.ROUND_COSTS.value() == "prior":
         return Costs(prior_verify(PRIOR.verify, target.model), drafter.step_cost,
                      "prior (GMLX_ROUND_COSTS=prior)")
-    per_target = _measured.setdefault(target, {})
+    per_target = _measured.setdefault(_key(target), {})
     key = (drafter.kind, max_k)
     if key not in per_target:
         try:
@@ -58,7 +65,7 @@ def reconfirmed(target: Target, drafter: Drafter, max_k: int) -> Costs:
     process's load can inflate one measurement's multi-token forwards, and a lone request must not
     give speculation up on that alone. The cheaper round of the two measurements is kept (for
     this target and drafter kind from now on)."""
-    per_target = _measured.setdefault(target, {})
+    per_target = _measured.setdefault(_key(target), {})
     key = (drafter.kind, max_k)
     first = round_costs(target, drafter, max_k)
     if (key, "confirmed") in per_target or not first.source.startswith("measured"):
