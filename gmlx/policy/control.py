@@ -152,7 +152,4 @@ class Controller:
         return Acceptance(a.successes, a.failures, 0)
 
     def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
-        wc = self.at(width)
-        wc.observe(k, seconds, rows)
-        if wc.plain_window and wc.plain_window == PLAIN_WINDOW and self._nearest_timed(bucket(width)):
-            wc.plain_window = 0  # a width where both are timed lends its ratio: no gate, no resume
+        self.at(width).observe(k, seconds, rows, lambda: self._nearest_timed(bucket(width)) is not None)

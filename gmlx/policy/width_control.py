@@ -4,6 +4,8 @@ Pure arithmetic over host-side figures; the control never moves a token."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.figures import (MIN_SAMPLES, STAY, Acceptance, Choice, Times, gain_doubt, surely_pays)
 
@@ -89,8 +91,8 @@ class WidthControl:
         """The k to run now (0: plain): the best predicted, kept by hysteresis; the tries, the
         exploration and the plain window of the module's doc."""
         alpha = (acceptance or self.acceptance).alpha
-        near = nearby[1] if nearby is not None and not self.spec_timed() else None
-        ratio = nearby[1] if nearby is not None else None
+        ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
+        near = ratio if not self.spec_timed() else None  # ... or both
         pooled = self.acceptance.alpha if acceptance is not None else None  # alpha is one request's
         gains = {k: self.gain(k, costs, alpha, ratio, pooled)[0] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
@@ -144,9 +146,11 @@ class WidthControl:
         """A steady round's period at this width with k drafts (0: plain)."""
         (self.plain if k == 0 else self.spec).add(k, seconds)
 
-    def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
+    def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]],
+                ratio_lent: Callable[[], bool] = lambda: False) -> None:
         """A round ran at this width with k drafts (0: plain) in `seconds` (None: not a steady-state
-        round, e.g. a capture round); `rows`: (drafted, accepted) per row."""
+        round, e.g. a capture round); `rows`: (drafted, accepted) per row. `ratio_lent()`: whether
+        another width has both times (asked only when the plain window would start)."""
         if seconds is not None:
             (self.plain if k == 0 else self.spec).add(k, seconds)
         if k and rows:
@@ -161,5 +165,5 @@ class WidthControl:
             self.plain_run = 0
             self.spec_rounds += 1
             if (not self.plain_checked and self.spec_rounds >= PLAIN_CHECK_AFTER
-                    and self.plain.median(0) is None):
-                self.plain_checked, self.plain_window = True, PLAIN_WINDOW
+                    and self.plain.median(0) is None):  # with a lent ratio, no gate and resume
+                self.plain_checked, self.plain_window = True, 0 if ratio_lent() else PLAIN_WINDOW
