@@ -2,7 +2,7 @@
 one drafter step, relative to a one-token forward (gmlx/policy/costs.py explains the units).
 
 Run once per (model, drafter kind, K) in a process, when a speculative engine is constructed
-(skipped when K is explicit: such an engine always speculates); a lone request gives speculation
+(with an explicit K only when a lone request first adapts its K within that ceiling); a lone request gives speculation
 up on these figures only after a second measurement agrees (`reconfirmed`). Costs are timed as the
 engine meets them: wall time of the forward built and evaluated (graph building included,
 which is what dominates a small model on a GPU), after a short context. The lengths are timed
@@ -29,17 +29,11 @@ from gmlx.drafters.base import DraftPick, Drafter
 from gmlx.row import Row
 from gmlx.models.adapter import Target
 from gmlx.policy.costs import PRIOR, Costs
+from gmlx.policy.figures import owner  # filed under the model, not an engine's view of it
 from gmlx.timing import REPS, fastest
 
 _CONTEXT = 48
 _measured: "weakref.WeakKeyDictionary[Target, dict]" = weakref.WeakKeyDictionary()
-
-
-def _key(target: Target) -> Target:
-    """The model the figures belong to: an engine that sees it through a view (an EAGLE-3 head's
-    AuxTarget, new with each engine) files them under the target it wraps — else every such engine
-    measured again, ~1.2 s of SmolLM2's first speculative round each time."""
-    return getattr(target, "figures_key", target)
 
 
 def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
@@ -47,7 +41,7 @@ def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
     if switches.ROUND_COSTS.value() == "prior":
         return Costs(prior_verify(PRIOR.verify, target.model), drafter.step_cost,
                      "prior (GMLX_ROUND_COSTS=prior)")
-    per_target = _measured.setdefault(_key(target), {})
+    per_target = _measured.setdefault(owner(target), {})
     key = (drafter.kind, max_k)
     if key not in per_target:
         try:
@@ -65,7 +59,7 @@ def reconfirmed(target: Target, drafter: Drafter, max_k: int) -> Costs:
     process's load can inflate one measurement's multi-token forwards, and a lone request must not
     give speculation up on that alone. The cheaper round of the two measurements is kept (for
     this target and drafter kind from now on)."""
-    per_target = _measured.setdefault(_key(target), {})
+    per_target = _measured.setdefault(owner(target), {})
     key = (drafter.kind, max_k)
     first = round_costs(target, drafter, max_k)
     if (key, "confirmed") in per_target or not first.source.startswith("measured"):

@@ -73,9 +73,10 @@ class Target:
 
     @property
     def figures_key(self) -> "Target":
-        """What the online control files this model's measured round times under (gmlx/policy/
-        control.py): the target itself, also when an engine sees it through a view (an EAGLE-3
-        head's AuxTarget delegates its attributes here), so every engine on one model shares them."""
+        """What this model's measured figures (the online control's round times, the load probe's
+        costs; `gmlx.policy.figures.owner`) are filed under: the target itself, also when an engine
+        sees it through a view (an EAGLE-3 head's AuxTarget delegates its attributes here), so
+        every engine on one model shares them."""
         return self
 
     @property

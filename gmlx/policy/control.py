@@ -47,7 +47,7 @@ from __future__ import annotations
 import weakref
 
 from gmlx.policy.costs import Costs
-from gmlx.policy.figures import PRIOR_WEIGHT, Acceptance, Choice, Times, bucket
+from gmlx.policy.figures import PRIOR_WEIGHT, Acceptance, Choice, Times, bucket, owner
 from gmlx.policy.width_control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, TRY_WITHIN, WidthControl
 
 # The rule's figures are named here with it (the per-width arithmetic is gmlx/policy/width_control.py).
@@ -65,22 +65,16 @@ _spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKey
 _widths: "weakref.WeakKeyDictionary[object, dict[tuple, WidthControl]]" = weakref.WeakKeyDictionary()
 
 
-def _key(target: object) -> object:
-    """The model the figures belong to: a view of the target (an EAGLE-3 head's, new with each
-    engine) files them under the target it wraps, so the next engine does not start cold."""
-    return getattr(target, "figures_key", target)
-
-
 def record_plain(target: object, width: int, seconds: float) -> None:
     """A plain round's time from an engine without a drafter (a plain baseline): the same code
     path as a speculative engine's plain rounds, so its figure counts for every drafter."""
-    _plain.setdefault(_key(target), {}).setdefault(bucket(width), Times()).add(0, seconds)
+    _plain.setdefault(owner(target), {}).setdefault(bucket(width), Times()).add(0, seconds)
 
 
 def forget(target: object) -> None:
     """Drop everything learnt for this target in this process (tests; a changed machine)."""
     for d in (_plain, _spec, _widths):
-        d.pop(_key(target), None)
+        d.pop(owner(target), None)
 
 
 class Controller:
@@ -88,7 +82,7 @@ class Controller:
 
     def __init__(self, target: object, drafter_kind: str | None, costs: Costs):
         self.costs = costs
-        target = _key(target)
+        target = owner(target)
         self._plain = _plain.setdefault(target, {})
         self._spec = _spec.setdefault(target, {})
         self._shared = _widths.setdefault(target, {})

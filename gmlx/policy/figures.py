@@ -27,6 +27,13 @@ def surely_pays(gain: float, doubt: float) -> bool:
     return gain >= MARGIN and gain * (1.0 - Z * doubt) >= 1.0
 
 
+def owner(target: object) -> object:
+    """The model measured figures belong to (the control's round times, the load probe's costs): a
+    view of the target (an EAGLE-3 head's AuxTarget, new with each engine) files them under the
+    target it wraps (`Target.figures_key`), so the next engine does not measure from nothing."""
+    return getattr(target, "figures_key", target)
+
+
 def bucket(width: int) -> int:
     """Widths pooled for the figures: exact to 8, then the power of two at or below."""
     if width <= 8:

@@ -98,7 +98,9 @@ class WidthControl:
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
-        doubt = gain_doubt(self.plain, self.spec, best_spec) if best_spec and near is None else 0.0
+        # the noise matters only to a gain of at least 1 (the entry test, the reason): not computed otherwise
+        doubt = (gain_doubt(self.plain, self.spec, best_spec)
+                 if best_spec and near is None and gains[best_spec] >= 1.0 else 0.0)
         if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
             settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
             if (cur == 0) != (best == 0) and not settled:
