@@ -76,7 +76,8 @@ def closed_loop(lm, arm: str, prompts: list, c: int, max_tokens: int) -> dict:
     toks = sum(len(r.tokens) for r in recs)
     drafted = sum(r.stats["num_drafted"] for r in recs)
     return {"tok_s": toks / dt, "tokens": toks, "acc": sum(r.stats["num_accepted"] for r in recs) / drafted
-            if drafted else None, "speculation": recs[-1].stats.get("speculation", "")}
+            if drafted else None, "speculation": recs[-1].stats.get("speculation", ""),
+            "spec_share": eng.counters.speculative_rounds / max(1, eng.counters.rounds)}
 
 
 def main() -> None:
@@ -101,7 +102,8 @@ def main() -> None:
                 for arm in (list(ARMS) if rep % 2 == 0 else list(reversed(ARMS))):
                     r = closed_loop(lm, arm, prompts, c, a.max_tokens)
                     reps[arm].append(r)
-                    print(f"{name} c={c} rep {rep} {arm:8s} {r['tok_s']:7.1f} tok/s acc {r['acc']}  {r['speculation']}",
+                    print(f"{name} c={c} rep {rep} {arm:8s} {r['tok_s']:7.1f} tok/s acc {r['acc']} drafting"
+                          f" {r['spec_share']:.0%} of rounds  {r['speculation']}",
                           flush=True)
             cell = {"model": name, "c": c,
                     **{f"{arm}_tok_s": statistics.median(r["tok_s"] for r in reps[arm]) for arm in ARMS},
@@ -112,18 +114,21 @@ def main() -> None:
                     "best_fixed": (best := max(FIXED, key=lambda arm: statistics.median(r["tok_s"] for r in reps[arm]))),
                     "default_vs_best_fixed": statistics.median(
                         d["tok_s"] / b["tok_s"] for d, b in zip(reps["default"], reps[best])),
-                    "default_speculation": reps["default"][-1]["speculation"], "reps": reps}
+                    "default_speculation": reps["default"][-1]["speculation"],
+                    # the decision run to run: the share of the default arm's rounds that drafted, per repeat
+                    "default_spec_share": [r["spec_share"] for r in reps["default"]], "reps": reps}
             result["cells"].append(cell)
             print(f"== {name} c={c}: default/plain {cell['default_vs_plain']:.2f}  static/plain {cell['static_vs_plain']:.2f}"
                   f"  default/best {cell['default_vs_best_fixed']:.2f}", flush=True)
     path = write_result(a.out, "control", result)
     lines = ["| model | c | plain tok/s | default tok/s | static tok/s | k1 / k2 / k3 tok/s | best fixed | default/plain"
-             " | static/plain | default/best fixed |", "|---|---|---|---|---|---|---|---|---|---|"]
+             " | static/plain | default/best fixed | default's rounds drafting, per repeat |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in result["cells"]:
         ks = " / ".join(f"{x[f'k{k}_tok_s']:.1f}" for k in (1, 2, 3))
         lines.append(f"| {x['model']} | {x['c']} | {x['plain_tok_s']:.1f} | {x['default_tok_s']:.1f} | {x['static_tok_s']:.1f}"
                      f" | {ks} | {x['best_fixed']} | {x['default_vs_plain']:.2f} | {x['static_vs_plain']:.2f}"
-                     f" | {x['default_vs_best_fixed']:.2f} |")
+                     f" | {x['default_vs_best_fixed']:.2f} | {' '.join(f'{v:.0%}' for v in x['default_spec_share'])} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

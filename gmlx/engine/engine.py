@@ -187,7 +187,7 @@ class Engine:
         queued = self.service.queued_through(horizon)
         batch_width = len(live) if self.mode in (Mode.BATCHED, Mode.GATED) else 0
         return admission.View(
-            plain_widths=self.spec.plain_widths(batch_width, len(live), queued),
+            plain_widths=self.spec.plain_widths(batch_width, live, queued),
             plain_why=self.spec.plain_why,
             mode=self.mode, width=len(live), queued=queued, cap=self.caps.current.cap,
             speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
@@ -240,8 +240,7 @@ class Engine:
     # ---- postprocess: tokens to their streams, finished rows out ---------------------------
     def _deliver_round(self, kind: Round, rows: list[Row], results: list[RoundResult], t0: float, now: float) -> None:
         per_row = tuple(self._deliver(row, res, now) for row, res in zip(rows, results))
-        self.counters.rounds += 1
-        self.counters.syncs += 1
+        self.counters.count_round(any(r.drafted for r in results))
         self._emit_event(lambda: Event(EventKind.ROUND, self.mode, len(rows), now - t0, per_row, round=kind))
 
     def _deliver(self, row: Row, res: RoundResult, now: float) -> tuple:

@@ -42,6 +42,7 @@ class Counters:
     """Monotone engine-wide counters."""
 
     rounds: int = 0
+    speculative_rounds: int = 0  # rounds that checked drafts (the rest decoded plain)
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -50,8 +51,14 @@ class Counters:
     control_switches: int = 0  # the online control's plain <-> speculative switches (gmlx/policy/control.py)
     transitions: dict[Transition, int] = field(default_factory=lambda: dict.fromkeys(Transition, 0))
 
+    def count_round(self, drafted: bool) -> None:
+        """A round ran (one sync); `drafted`: it checked drafts."""
+        self.rounds += 1
+        self.speculative_rounds += drafted
+        self.syncs += 1
+
     def snapshot(self) -> dict:
-        return {"rounds": self.rounds, "tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted,
+        return {"rounds": self.rounds, "speculative_rounds": self.speculative_rounds, "tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted,
                 "syncs": self.syncs, "listener_errors": self.listener_errors,
                 "control_switches": self.control_switches,
                 **{f"transition_{k.value}": v for k, v in self.transitions.items()}}

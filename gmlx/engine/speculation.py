@@ -34,15 +34,17 @@ class Speculation:
         """The most drafts per round at this width (explicit K, else calibrated, else default)."""
         return self.caps.k_for(width)
 
-    def plain_widths(self, batch_width: int, live: int, queued: int) -> frozenset[int]:
+    def plain_widths(self, batch_width: int, rows: list, queued: int) -> frozenset[int]:
         """Widths the control has decided plain, among those admission may ask about this step
         (the batch's, the widths an admission would reach). For the batch's own width the choice
-        is made now (once per step); the others are only read."""
+        is made now (once per step, on the live `rows`' budgets left); the others are only read."""
         if self.control is None:
             return frozenset()
         self.choice = None
         if batch_width >= 1:
-            self.choice = self.control.choose(batch_width, self.ceiling(batch_width))
+            self.choice = self.control.choose(batch_width, self.ceiling(batch_width),
+                                              remaining=tuple(r.remaining for r in rows))
+        live = len(rows)
         asked = {live, live + queued, 1 + queued, queued} - {0}
         return frozenset(w for w in asked | ({batch_width} - {0})
                          if (w == batch_width and self.choice.k == 0)

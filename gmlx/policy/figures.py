@@ -129,11 +129,14 @@ class Choice:
     best_spec: tuple[int, float] | None = None  # the best K >= 1 and its predicted gain (why plain)
     from_width: int | None = None  # nothing measured here: predicted from that width's round times
     doubt: float = 0.0  # the best K's predicted gain's relative standard error (measured figures)
+    drain: float = 1.0  # the share of the steady gain left once the draining batch's tail is charged
 
     @property
     def reason(self) -> str:
         src = ("measured" if self.measured else f"width {self.from_width}'s round times" if self.from_width
                else "cost model")
+        if self.drain < 0.995:  # the rows' budgets end together: speculating spreads their finish
+            src += f", rows finishing apart cost {100 * (1 - self.drain):.0f} %"
         if self.window:
             return "measuring plain rounds once at this width"
         if self.exploring:

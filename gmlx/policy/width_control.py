@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gmlx.policy.costs import Costs, emitted
+from gmlx.policy.drain import drain
 from gmlx.policy.figures import (MIN_SAMPLES, STAY, Acceptance, Choice, Times, gain_doubt, surely_pays)
 
 TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
@@ -87,14 +88,17 @@ class WidthControl:
         return (seen if seen is not None else emitted(alpha, k)) * t0 / tk, measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
-               nearby: tuple[int, "WidthControl"] | None = None, width: int = 0) -> Choice:
+               nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
+               remaining: tuple[int, ...] = ()) -> Choice:
         """The k to run now (0: plain): the best predicted, kept by hysteresis; the tries, the
-        exploration and the plain window of the module's doc."""
+        exploration and the plain window of the module's doc. `remaining`: the batch's rows'
+        budgets left, for the drain charge (gmlx/policy/drain.py); a try needs room for its rounds."""
         alpha = (acceptance or self.acceptance).alpha
         ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
         near = ratio if not self.spec_timed() else None  # ... or both
         pooled = self.acceptance.alpha if acceptance is not None else None  # alpha is one request's
-        gains = {k: self.gain(k, costs, alpha, ratio, pooled)[0] for k in range(0, max_k + 1)}
+        drains = {k: drain(list(remaining), alpha, k) for k in range(0, max_k + 1)}
+        gains = {k: self.gain(k, costs, alpha, ratio, pooled)[0] * drains[k] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
@@ -114,10 +118,12 @@ class WidthControl:
         # A narrower width's ratio errs low (a verify costs relatively more as rows are added): a
         # loss it predicts is no reason to try.
         trusted = near is not None and nearby[0] < width
+        # A try needs room: its rounds must run here before a row finishes and the width changes.
+        room = not remaining or min(remaining) >= MIN_EVIDENCE * emitted(alpha, max(best_spec, 1))
         if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
-                and not trusted:
+                and not trusted and room:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
-        elif best == 0 and cur == 0 and best_spec and self.plain_run >= self.explore_after:
+        elif best == 0 and cur == 0 and best_spec and self.plain_run >= self.explore_after and room:
             best = best_spec
             self.explore_after = min(EXPLORE_MAX, self.explore_after * 2)
             self.exploring = True
@@ -133,7 +139,8 @@ class WidthControl:
             return Choice(0, 1.0, alpha, t0, None, measured, window=True)
         alt = (best_spec, gains[best_spec]) if best_spec else None
         return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt,
-                      from_width=nearby[0] if near is not None else None, doubt=doubt)
+                      from_width=nearby[0] if near is not None else None, doubt=doubt,
+                      drain=drains[best or best_spec])
 
     def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
         """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted

@@ -16,7 +16,8 @@ served model as the `model_name` label:
 
 and gmlx's own: `gmlx:transitions_total{transition}` (start_scalar, form_batch, preempt, gate,
 resume, capture; the engine's counters), `gmlx:speculative_width_cap` (the cap in force: N, 0 =
-uncapped, -1 = off; its source as a label), `gmlx:engine_rounds_total`, and
+uncapped, -1 = off; its source as a label), `gmlx:engine_rounds_total` and
+`gmlx:speculative_rounds_total` (those that checked drafts: the rest decoded plain), and
 `gmlx:http_rejected_total{status}` (requests answered with an error before reaching the engine),
 `gmlx:control_switches_total` and `gmlx:speculation_k{width,reason}` (the online control's choice
 per width: gmlx/policy/control.py).
@@ -69,7 +70,8 @@ class EngineCollector:
                 ("generation_tokens", "Tokens emitted.", c.tokens),
                 ("spec_decode_num_draft_tokens", "Tokens drafted.", c.drafted),
                 ("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", c.accepted),
-                ("engine_rounds", "Engine rounds (one forward each: plain, speculative, capture).", c.rounds)):
+                ("engine_rounds", "Engine rounds (one forward each: plain, speculative, capture).", c.rounds),
+                ("speculative_rounds", "Engine rounds that checked drafts.", c.speculative_rounds)):
             f = CounterMetricFamily(f"gmlx:{name}", doc, labels=["model_name"])
             f.add_metric(m, value)
             yield f
