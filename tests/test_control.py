@@ -287,6 +287,9 @@ def test_forced_plain_the_batch_gates_and_every_stream_equals_solo(lm, prompts, 
 
     text = {m.name: m for m in EngineCollector(eng, "m").collect()}
     assert text["gmlx:control_switches"].samples[0].value == len(said)
+    drafting = sum(any(r[1] for r in e.rows) for _, e in run.rounds())  # rounds that checked drafts
+    assert 0 < eng.counters.speculative_rounds == drafting < eng.counters.rounds
+    assert text["gmlx:speculative_rounds"].samples[0].value == drafting
     assert any(s.labels["width"] == "4" and s.value == 0 for s in text["gmlx:speculation_k"].samples)
     eng.close()
 
