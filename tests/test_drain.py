@@ -8,7 +8,7 @@ import pytest
 
 from gmlx.policy.control import MIN_EVIDENCE, Controller
 from gmlx.policy.costs import Costs, emitted
-from gmlx.policy.drain import drain, expected_max, round_variance
+from gmlx.policy.drain import REFILL_STEPS, Refills, drain, expected_max, round_variance
 
 
 def simulated_drain(remaining: list[int], alpha: float, k: int, trials: int = 4000, seed: int = 0) -> float:
@@ -108,3 +108,39 @@ def test_a_try_needs_room_before_the_width_changes():
     costs = Costs(verify=(1.0, 1.6), draft=0.1)
     assert Controller(_Target(), "mtp", costs).choose(3, 1, remaining=(80, 20, 12)).k == 1
     assert Controller(_Target(), "mtp", costs).choose(3, 1, remaining=(80, 5, 5)).k == 0
+
+
+def test_refills_learn_whether_a_finished_rows_place_is_taken():
+    """Nothing seen: a finish is assumed a drain (full charge). A closed loop (each finished row
+    replaced a step or two later) soon stops being charged; a burst whose rows are never
+    replaced keeps the full charge."""
+    loop, burst = Refills(), Refills()
+    assert loop.drain_share == burst.drain_share == 1.0
+    rows, nxt = set(range(4)), 4
+    for step in range(60):
+        if step % 5 == 0:  # a row finishes ...
+            rows.discard(min(rows))
+        if step % 5 == 2:  # ... and the client's next request joins two steps later
+            rows.add(nxt)
+            nxt += 1
+        loop.step(frozenset(rows))
+    assert loop.drain_share < 0.3
+    rows = set(range(8))
+    for step in range(40):
+        if step % 4 == 0 and rows:
+            rows.discard(min(rows))
+        burst.step(frozenset(rows))
+    assert burst.drain_share > 0.9
+    late = Refills()  # replaced only after REFILL_STEPS steps: the slot stood empty, a drain
+    for rid_set in [{0, 1}, {1}] + [{1}] * REFILL_STEPS + [{1, 2}]:
+        late.step(frozenset(rid_set))
+    assert late.drain_share == 1.0
+
+
+def test_a_refilled_batch_is_not_charged_for_draining():
+    """The synchronised batch of the test above, in an engine whose finished rows have always
+    been replaced: the steady 1.08x keeps K=1."""
+    c = measured_width8(1).choose(8, 1, remaining=(32,) * 8, drain_share=0.0)
+    assert c.k == 1 and c.gain == pytest.approx(1.08, abs=0.02)
+    half = measured_width8(1).choose(8, 1, remaining=(32,) * 8, drain_share=0.5)
+    assert half.drain == pytest.approx(1 - 0.5 * (1 - drain([32] * 8, 0.375, 1)), abs=0.01)

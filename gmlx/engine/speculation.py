@@ -13,6 +13,7 @@ from __future__ import annotations
 from gmlx.policy.admission import Round
 from gmlx.policy.control import Choice, Controller, bucket, record_plain
 from gmlx.policy.costs import Costs
+from gmlx.policy.drain import Refills
 
 # Rounds whose wall time is a steady-state round of their kind (a capture round, or a plain round
 # that consumes its lookahead without dispatching the next, is not).
@@ -29,6 +30,7 @@ class Speculation:
         self.control = Controller(target, drafter.kind, costs) if on else None
         self.choice: Choice | None = None  # this step's choice at the batch's width
         self._pending: tuple | None = None  # (width, k, start) of the last round, until the next starts
+        self.refills = Refills()  # whether finished rows' places are taken (the drain charge's weight)
 
     def ceiling(self, width: int) -> int:
         """The most drafts per round at this width (explicit K, else calibrated, else default)."""
@@ -41,9 +43,11 @@ class Speculation:
         if self.control is None:
             return frozenset()
         self.choice = None
+        self.refills.step(frozenset(r.rid for r in rows))
         if batch_width >= 1:
             self.choice = self.control.choose(batch_width, self.ceiling(batch_width),
-                                              remaining=tuple(r.remaining for r in rows))
+                                              remaining=tuple(r.remaining for r in rows),
+                                              drain_share=self.refills.drain_share)
         live = len(rows)
         asked = {live, live + queued, 1 + queued, queued} - {0}
         return frozenset(w for w in asked | ({batch_width} - {0})

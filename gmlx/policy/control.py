@@ -35,7 +35,9 @@ rounds teach the speculative engine), speculative ones per (target, drafter kind
 A batch is charged for draining (gmlx/policy/drain.py): rows whose budgets end together finish
 together decoding plain and apart speculating, and the batch waits for the last; with nothing
 saying a new request will take a finished row's place, the gain is the steady one times the
-share of rounds that tail leaves (a burst of 8 x 32 tokens at K = 1 keeps ~90 %).
+share of rounds that tail leaves (a burst of 8 x 32 tokens at K = 1 keeps ~90 %), weighted by the
+share of finished rows the engine has seen stay unreplaced (an engine that has seen none charges
+in full; a closed loop or a queue that refills the rows stops being charged).
 
 The lone request (the scalar loop) is decided on its own acceptance: the tokens per round
 measured at width 1, pooled over requests, are scaled by E(its alpha) / E(the pool's alpha), so a
@@ -120,14 +122,15 @@ class Controller:
         return Acceptance(alpha * PRIOR_WEIGHT, (1 - alpha) * PRIOR_WEIGHT)
 
     def choose(self, width: int, max_k: int, acceptance: Acceptance | None = None,
-               remaining: tuple[int, ...] = ()) -> Choice:
+               remaining: tuple[int, ...] = (), drain_share: float = 1.0) -> Choice:
         """The k to run at this width now (at most `max_k`, the configured ceiling). Call once per
         round that runs at this width: the hysteresis and exploration count rounds. `remaining`:
-        the rows' budgets left (a batch's; the drain charge, gmlx/policy/drain.py)."""
+        the rows' budgets left (a batch's), `drain_share`: how often a finished row's place stays
+        empty (the drain charge, gmlx/policy/drain.py)."""
         wc = self.at(width)
         before = wc.current
         choice = wc.choose(max_k, self.costs, acceptance, self._nearest_timed(bucket(width)), bucket(width),
-                           remaining)
+                           remaining, drain_share)
         if before is not None and (before == 0) != (wc.current == 0):  # a plain window is no switch
             self.switches += 1
             self.switched.append((width, choice.reason))

@@ -21,6 +21,13 @@ and a batch whose rows finish at different times anyway (one row far ahead, m = 
 nothing. The charge grows as the budgets shrink (the sd over the mean goes as 1 / sqrt(R)), so a
 draining batch's last rounds decode plain, where speculating could only spread the finish.
 
+Whether a finished row's place is taken is the traffic's, not the model's: `Refills` watches the
+batch's rows from step to step, and a row that finishes and is replaced within REFILL_STEPS steps
+counts as a refill (a closed loop, a queue), one that is not as a drain; the charge is weighted
+by the share of drains, a decayed count starting at one drain (the doubt to plain: an engine that
+has seen nothing charges fully, so a one-off burst decodes plain, while a server whose clients
+send the next request as one ends stops charging after a few).
+
 Why the tail's narrower rounds being cheaper is not counted: it is the doubt to plain again (and
 on a CPU a round of 3 rows costs most of a round of 8). Budgets are upper bounds (a row may stop
 at an end-of-sequence token), which both kinds of decoding share. Pure arithmetic.
@@ -34,6 +41,7 @@ from statistics import NormalDist
 from gmlx.policy.costs import emitted
 
 _UNIT = NormalDist()
+REFILL_STEPS = 4  # a finished row replaced within this many steps: its place was taken (a refill)
 
 
 def expected_max(m: int) -> float:
@@ -50,11 +58,12 @@ def round_variance(alpha: float, k: int) -> float:
     return sum(p * (1 + a - mu) ** 2 for a, p in enumerate(probs))
 
 
-def drain(remaining: list[int], alpha: float, k: int) -> float:
+def drain(remaining: list[int], alpha: float, k: int, drain_share: float = 1.0) -> float:
     """The share of the steady gain a draining batch keeps when its rows, with `remaining` tokens
-    of budget each, speculate with k drafts at acceptance alpha (1.0: nothing lost)."""
+    of budget each, speculate with k drafts at acceptance alpha (1.0: nothing lost); with
+    `drain_share` (Refills) of finishes not refilled, the loss is weighted by it."""
     live = [r for r in remaining if r > 0]
-    if k <= 0 or len(live) < 2:
+    if k <= 0 or len(live) < 2 or drain_share <= 0.0:
         return 1.0
     mu, var = emitted(alpha, k), round_variance(alpha, k)
     means = [r / mu for r in live]
@@ -63,4 +72,40 @@ def drain(remaining: list[int], alpha: float, k: int) -> float:
     if sd <= 0.0:  # alpha 0 or 1: every row's rounds are certain
         return 1.0
     m = sum(x >= top - sd for x in means)
-    return top / (top + sd * expected_max(m))
+    return 1.0 - drain_share * (1.0 - top / (top + sd * expected_max(m)))
+
+
+class Refills:
+    """How often a finished row's place is taken: the share of drains (finishes not followed by
+    an admission within REFILL_STEPS steps) as a decayed count, seen from the batch's rows."""
+
+    def __init__(self, decay: float = 0.9):
+        self.refills, self.drains = 0.0, 1.0  # the prior: one drain (nothing says a request will come)
+        self.decay = decay
+        self._rows: frozenset = frozenset()
+        self._open: list[int] = []  # steps since each finish not yet followed by an admission
+
+    @property
+    def drain_share(self) -> float:
+        return self.drains / (self.refills + self.drains)
+
+    def step(self, rids: frozenset) -> None:
+        """The batch's rows at this step (their ids): finishes and admissions since the last."""
+        finished, admitted = len(self._rows - rids), len(rids - self._rows)
+        self._rows = rids
+        self._open = [n + 1 for n in self._open] + [0] * finished
+        while self._open and self._open[0] > REFILL_STEPS:  # no one came in time: the batch drained
+            self._open.pop(0)
+            self._count(refill=False)
+        for _ in range(min(admitted, len(self._open))):  # the oldest open finishes are refilled
+            self._open.pop(0)
+            self._count(refill=True)
+
+    def _count(self, refill: bool) -> None:
+        self.refills *= self.decay
+        self.drains *= self.decay
+        if refill:
+            self.refills += 1.0
+        else:
+            self.drains += 1.0
+

@@ -89,15 +89,16 @@ class WidthControl:
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
                nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
-               remaining: tuple[int, ...] = ()) -> Choice:
+               remaining: tuple[int, ...] = (), drain_share: float = 1.0) -> Choice:
         """The k to run now (0: plain): the best predicted, kept by hysteresis; the tries, the
         exploration and the plain window of the module's doc. `remaining`: the batch's rows'
-        budgets left, for the drain charge (gmlx/policy/drain.py); a try needs room for its rounds."""
+        budgets left, and the share of finishes not refilled, for the drain charge
+        (gmlx/policy/drain.py); a try needs room for its rounds."""
         alpha = (acceptance or self.acceptance).alpha
         ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
         near = ratio if not self.spec_timed() else None  # ... or both
         pooled = self.acceptance.alpha if acceptance is not None else None  # alpha is one request's
-        drains = {k: drain(list(remaining), alpha, k) for k in range(0, max_k + 1)}
+        drains = {k: drain(list(remaining), alpha, k, drain_share) for k in range(0, max_k + 1)}
         gains = {k: self.gain(k, costs, alpha, ratio, pooled)[0] * drains[k] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
