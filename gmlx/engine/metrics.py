@@ -58,8 +58,8 @@ class Counters:
         self.syncs += 1
 
     def snapshot(self) -> dict:
-        return {"rounds": self.rounds, "speculative_rounds": self.speculative_rounds, "tokens": self.tokens, "drafted": self.drafted, "accepted": self.accepted,
-                "syncs": self.syncs, "listener_errors": self.listener_errors,
+        return {"rounds": self.rounds, "speculative_rounds": self.speculative_rounds, "tokens": self.tokens,
+                "drafted": self.drafted, "accepted": self.accepted, "syncs": self.syncs, "listener_errors": self.listener_errors,
                 "control_switches": self.control_switches,
                 **{f"transition_{k.value}": v for k, v in self.transitions.items()}}
 

@@ -36,6 +36,7 @@ at an end-of-sequence token), which both kinds of decoding share. Pure arithmeti
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
 
 from gmlx.policy.costs import emitted
@@ -58,7 +59,7 @@ def round_variance(alpha: float, k: int) -> float:
     return sum(p * (1 + a - mu) ** 2 for a, p in enumerate(probs))
 
 
-def drain(remaining: list[int], alpha: float, k: int, drain_share: float = 1.0) -> float:
+def drain(remaining: Sequence[int], alpha: float, k: int, drain_share: float = 1.0) -> float:
     """The share of the steady gain a draining batch keeps when its rows, with `remaining` tokens
     of budget each, speculate with k drafts at acceptance alpha (1.0: nothing lost); with
     `drain_share` (Refills) of finishes not refilled, the loss is weighted by it."""
@@ -108,4 +109,3 @@ class Refills:
             self.refills += 1.0
         else:
             self.drains += 1.0
-

@@ -14,9 +14,8 @@ PRIOR_WEIGHT = 3.0  # rounds the prior acceptance (alpha 0.6, below) is worth
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
 MARGIN = 1.05  # hysteresis: plain is left for speculation predicted at least 5 % better
 # ... and speculation is left when predicted under 3 % better: a steady-state gain that small does
-# not pay for what the estimate leaves out (a request's drafter arming, a gate and its resume, rows
-# that finish at different rounds when a batch drains: ~10 % of a 32-token burst of 8 at K = 1 by a
-# renewal estimate, the sd of the rows' finishing round times the expected maximum of 8 normals).
+# not pay for what the estimate leaves out (a request's drafter arming, a gate and its resume; a
+# draining batch's rows finishing apart is charged in the gain itself, gmlx/policy/drain.py).
 STAY = 1.03
 Z = 1.0  # ... and above plain by more than this many standard errors of the prediction
 

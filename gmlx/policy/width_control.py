@@ -98,7 +98,7 @@ class WidthControl:
         ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
         near = ratio if not self.spec_timed() else None  # ... or both
         pooled = self.acceptance.alpha if acceptance is not None else None  # alpha is one request's
-        drains = {k: drain(list(remaining), alpha, k, drain_share) for k in range(0, max_k + 1)}
+        drains = {k: drain(remaining, alpha, k, drain_share) for k in range(0, max_k + 1)}
         gains = {k: self.gain(k, costs, alpha, ratio, pooled)[0] * drains[k] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
