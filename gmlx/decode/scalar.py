@@ -58,6 +58,13 @@ class ScalarSeq:
 
 
 MIN_ROUNDS_TO_STOP = 8  # rounds of evidence before a request gives up on its drafter
+WINDOW_TAIL = 6  # tokens left when a lone request runs the control's plain window (its last rounds: 5 timed)
+
+
+def _speculates(choice) -> bool:
+    """The control's choice for a new lone request: speculate (a plain window's overlay keeps the
+    K in force; its plain rounds run at the request's tail)."""
+    return choice.k > 0 or choice.window
 
 
 class ScalarLane:
@@ -106,11 +113,11 @@ class ScalarLane:
         if not self.may_go_plain:
             return max_k
         if self.control is not None:  # from what earlier lone requests measured (or the cost model)
-            if self.control.choose(1, max_k, self.control.pooled(1)).k > 0:
+            if _speculates(self.control.choose(1, max_k, self.control.pooled(1))):
                 return max_k
             if not self.control.at(1).times(1, self.round_costs())[2] and self.costs.source.startswith("measured"):
                 self.control.costs = self.costs = reconfirmed(self.target, self.drafter, max(self.k, 1))
-            return max_k if self.control.choose(1, max_k, self.control.pooled(1)).k > 0 else 0
+            return max_k if _speculates(self.control.choose(1, max_k, self.control.pooled(1))) else 0
         if AcceptanceEstimate().best_k(max_k, self.round_costs()) > 0:
             return max_k
         if self.costs.source.startswith("measured"):  # not figures someone set: measure once more
@@ -141,12 +148,17 @@ class ScalarLane:
         self.plain = PlainDecoder(self.target, seq.cache, seq.rs, bonus, position, lambda: seq.row.remaining,
                                   row=seq.row, pending=pending)
 
-    def _stops_paying(self, seq: ScalarSeq) -> bool:
+    def _stops_paying(self, seq: ScalarSeq, remaining: int) -> bool:
         """Enough rounds show that no draft length pays at this request's acceptance (with the
-        control: at the measured round times; the choice is also the next round's K)."""
+        control: at the measured round times; the choice is also the next round's K). With the
+        control asking for plain rounds to pair with speculative ones (a window), the request's
+        last few tokens decode plain: the lone request cannot re-arm mid-request, and its tail is
+        the cheapest place for them."""
         if self.control is not None and self.may_go_plain and seq.draft is not None:
             seq.choice = self.control.choose(1, seq.max_k, seq.acceptance)
-            return seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP and seq.choice.k == 0 and not seq.choice.window
+            if seq.choice.window:
+                return remaining <= WINDOW_TAIL
+            return seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP and seq.choice.k == 0
         return (self.may_go_plain and seq.draft is not None and seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP
                 and seq.acceptance.best_k(seq.max_k, self.round_costs()) == 0)
 
@@ -166,7 +178,7 @@ class ScalarLane:
         remaining = seq.row.remaining - len(res.tokens)
         if not last and remaining > 0 and not seq.row.stops_at(res.tokens):
             bonus, position = max(res.tokens[-1], 0), flight.position + len(res.tokens)
-            if self._stops_paying(seq):
+            if self._stops_paying(seq, remaining):
                 self._go_plain(seq, bonus, position, res.tokens)
             else:
                 self.flight = self._dispatch(seq, bonus, position, remaining, res.tokens)
@@ -202,9 +214,9 @@ class ScalarLane:
         if self.control is not None and self.adaptive:
             if seq.choice is None:  # the request's first round
                 seq.choice = self.control.choose(1, seq.max_k, seq.acceptance)
-            # A plain-window round drafts nothing: a one-token verify times a plain step while the
-            # drafter keeps its state (the hidden state is appended for its next draft).
-            k = 0 if seq.choice.window else max(1, seq.choice.k)
+            # A plain window's rounds run at the request's tail, plain (`_stops_paying`): until then
+            # the K in force (a one-token verify is no plain step: it is not pipelined).
+            k = max(1, seq.choice.best_spec[0] if seq.choice.window else seq.choice.k)
         else:
             k = max(1, seq.acceptance.best_k(seq.max_k, self.round_costs())) if self.adaptive else seq.max_k
         return max(0, min(k, remaining - 1))

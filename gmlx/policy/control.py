@@ -10,27 +10,34 @@ to plain decoding, is
     gain(w, k) = E(w, k) * T(w, 0) / T(w, k)
 
 with E the measured mean tokens per row and round at k (its accepted run plus the bonus), or
-before that the geometric model E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) (costs.py). T is
-the median of the last WINDOW periods of that kind — a load spike moves one round, not the median.
-A T not measured yet comes from one that is, scaled by the cost model (`Costs.round_cost`: the
-probe's verify and drafter costs, or the built-in prior): before any round, the prediction is the
-cost model's; after a few, it is the machine's. A width where no speculative round is timed yet
-takes T(0) / T(k) from the nearest width where both are (the load probe times one request at
-width 1; as rows are added a verify costs relatively more), and a loss predicted from a narrower
-width is not tried first. The best k (gain, k = 0 counting 1) runs, with hysteresis giving the
+before that the geometric model E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) (costs.py). The cost
+ratio T(w, k) / T(w, 0) is paired (figures.Pairs): each plain period and each k period timed within
+a few rounds (and seconds) of the other sort's latest gives one sample of log T(k) - log T(0),
+and the ratio is their median. Two medians measured minutes apart are not used where pairs exist:
+on a shared machine the same plain round drifts 60 -> 75 ms between minutes, and a K=1 round then
+measured cheaper than a plain one (a 1.4x prediction for a 1.08x round). Before any pair, the
+lone request (width 1) takes the ratio from the load probe's costs (timed back to back); a batch
+width from the medians of the last WINDOW periods (a load spike moves one round, not the median),
+a T not measured yet coming from one that is, scaled by the cost model (`Costs.round_cost`: the
+probe's verify and drafter costs, or the built-in prior). A width where no speculative round is
+timed yet takes the ratio from the nearest width where it is (the load probe times one request
+at width 1; as rows are added a verify costs relatively more), and a loss predicted from a
+narrower width is not tried first. The best k (gain, k = 0 counting 1) runs, with hysteresis giving the
 doubt to plain (never lose): speculation is left once predicted under STAY (after MIN_EVIDENCE
 rounds), entered only when predicted MARGIN better and above 1 by more than Z standard errors
-of its measured figures (two period medians from a noisy machine, the tokens per round); a try
+of its measured figures (the paired ratio or two period medians, the tokens per round); a try
 (a new width's first, an exploration) stays after MIN_EVIDENCE rounds only if it passes that.
 
 Keeping the estimates fresh at a bounded cost: a width decided plain tries speculation again
 after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
-1024: at most ~10 % of rounds, then ~1 %), and a width that speculates without a plain
-measurement runs PLAIN_WINDOW plain rounds once, so its "1.0x" is measured, not assumed — unless
-another width has both timed: then its plain time is this width's k time through that width's
-ratio T(0) / T(k) (a window costs a gate and a resume, a large share of a short burst's rounds). Plain
-round times are shared by every engine on the same target in the process (a plain baseline's
-rounds teach the speculative engine), speculative ones per (target, drafter kind).
+1024: at most ~10 % of rounds, then ~1 %); a width that speculates with nothing paired runs
+PLAIN_WINDOW plain rounds after its first few speculative ones (unless another width lends its
+paired ratio: a window costs a gate and a resume, a large share of a short burst), and one that
+has gone REFRESH_FIRST speculative rounds without a pair runs REFRESH_WINDOW plain rounds
+(doubling the interval each time, up to REFRESH_MAX: under 1 % of rounds). The lone request
+cannot re-arm its drafter mid-request, so it runs its window at its tail (its last few tokens
+plain). Plain round times are shared by every engine on the same target in the process (a plain
+baseline's rounds teach the speculative engine), speculative ones per (target, drafter kind).
 
 A batch is charged for draining (gmlx/policy/drain.py): rows whose budgets end together finish
 together decoding plain and apart speculating, and the batch waits for the last; with nothing
@@ -55,11 +62,12 @@ import weakref
 
 from gmlx.policy.costs import Costs
 from gmlx.policy.figures import PRIOR_WEIGHT, Acceptance, Choice, Times, bucket, owner
-from gmlx.policy.width_control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, TRY_WITHIN, WidthControl
+from gmlx.policy.width_control import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
+                                       REFRESH_WINDOW, TRY_WITHIN, WidthControl)
 
 # The rule's figures are named here with it (the per-width arithmetic is gmlx/policy/width_control.py).
-__all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "TRY_WITHIN", "Acceptance", "Choice", "Controller",
-           "WidthControl", "bucket", "forget", "record_plain"]
+__all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "REFRESH_FIRST", "REFRESH_MAX", "REFRESH_WINDOW",
+           "TRY_WITHIN", "Acceptance", "Choice", "Controller", "WidthControl", "bucket", "forget", "record_plain"]
 
 # Figures learnt in this process, shared by every engine on the same target: plain round times per
 # target, speculative ones per (target, drafter kind) — a new engine starts from what earlier ones
@@ -143,7 +151,8 @@ class Controller:
         probe's (one request at width 1), since a verify's cost relative to a step grows with the
         width (more of the step is arithmetic). Equally near: the wider, whose ratio errs high."""
         timed = [(w, wc) for (kind, w), wc in self._shared.items()
-                 if kind == self.drafter_kind and w != b and wc.plain.median(0) is not None and wc.spec_timed()]
+                 if kind == self.drafter_kind and w != b
+                 and (wc.pairs.paired() or (wc.plain.median(0) is not None and wc.spec_timed()))]
         return min(timed, key=lambda x: (abs(x[0] - b), -x[0])) if timed else None
 
     def decided_plain(self, width: int) -> bool:

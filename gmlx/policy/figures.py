@@ -9,6 +9,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 WINDOW = 16  # rounds per (width, k) in the running median
+PAIR_SPAN = 3  # periods on each side of a plain / speculative boundary that form one pair
+PAIR_SECONDS = 3.0  # ... at most this far apart in time (drift on this scale is small)
+MIN_PAIRS = 2  # pairs before their ratio replaces the medians' (or the probe's)
 MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's figure
 PRIOR_WEIGHT = 3.0  # rounds the prior acceptance (alpha 0.6, below) is worth
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
@@ -95,11 +98,80 @@ class Times:
         return period, tokens
 
 
-def gain_doubt(plain: Times, spec: Times, k: int) -> float:
+@dataclass
+class Pairs:
+    """The cost of a k round relative to a plain one, T(k) / T(0), from periods timed side by side.
+    Two medians measured minutes apart carry the machine's drift in their ratio (on a shared VM
+    the same plain round took 60 ms in one minute, 75 in the next: a K=1 round then looked
+    cheaper than a plain one); drift multiplies both kinds alike, so where a run of one sort
+    meets a run of the other (a switch, a plain window, an exploration) the medians of the
+    PAIR_SPAN periods on each side of the boundary, at most PAIR_SECONDS apart, give one sample
+    of log T(k) - log T(0) without it (k: the speculative side's, its rounds of that k only).
+    The ratio is the median of the last 2 x WINDOW samples: it holds while absolute times drift,
+    and the samples' spread is the machine's noise at this timescale."""
+
+    logs: dict[int, deque] = field(default_factory=dict)  # k -> recent log(T(k) / T(0)) samples
+    run: list = field(default_factory=list)  # the current run's first periods: (k, seconds)
+    tail: deque = field(default_factory=lambda: deque(maxlen=PAIR_SPAN))  # ... and its last ones
+    run_plain: bool | None = None
+    before: list = field(default_factory=list)  # the previous run's last periods (the other sort)
+    ended: float = -math.inf  # when the previous run's last period was timed
+    started: float = 0.0  # when the current run's first was
+    last: float = -math.inf
+    emitted: bool = True
+
+    def add(self, k: int, seconds: float, now: float) -> None:
+        if (k == 0) is not self.run_plain:  # a boundary: a run of the other sort starts
+            self._emit()  # the run that ends, when it was shorter than PAIR_SPAN
+            self.before, self.ended, self.started = list(self.tail), self.last, now
+            self.run, self.tail, self.run_plain, self.emitted = [], deque(maxlen=PAIR_SPAN), k == 0, False
+        if len(self.run) < PAIR_SPAN:
+            self.run.append((k, seconds))
+        self.tail.append((k, seconds))
+        self.last = now
+        if len(self.run) == PAIR_SPAN:
+            self._emit()
+
+    def _emit(self) -> None:
+        """One sample from the boundary between the previous run and this one (once per boundary)."""
+        if self.emitted or not self.run or not self.before or self.started - self.ended > PAIR_SECONDS:
+            return
+        self.emitted = True
+        plain, spec = (self.run, self.before[::-1]) if self.run_plain else (self.before, self.run)
+        k = spec[0][0]  # the speculative side's k nearest the boundary, and its periods of that k
+        t0 = statistics.median(s for _, s in plain)
+        tk = statistics.median(s for j, s in spec if j == k)
+        if t0 > 0 and tk > 0:
+            self.logs.setdefault(k, deque(maxlen=2 * WINDOW)).append(math.log(tk / t0))
+
+    def ratio(self, k: int) -> float | None:
+        """T(k) / T(0) from pairs (None below MIN_PAIRS of them)."""
+        d = self.logs.get(k)
+        return math.exp(statistics.median(d)) if d is not None and len(d) >= MIN_PAIRS else None
+
+    def error(self, k: int) -> float:
+        """The relative standard error of ratio(k) (from the pairs' MAD; 0 below MIN_PAIRS)."""
+        d = self.logs.get(k, ())
+        if len(d) < MIN_PAIRS:
+            return 0.0
+        med = statistics.median(d)
+        return 1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d) / math.sqrt(len(d))
+
+    def paired(self) -> list[int]:
+        """The k with a ratio."""
+        return [k for k in self.logs if self.ratio(k) is not None]
+
+
+def gain_doubt(plain: Times, spec: Times, k: int, pairs: Pairs | None = None, probe: bool = False) -> float:
     """The relative standard error of k's predicted gain E(k) T(0) / T(k) from the figures measured
-    (the two period medians, k's tokens per round; 0 for what is not measured)."""
+    (the two period medians or, where paired, the pairs' ratio; k's tokens per round; 0 for what
+    is not measured; `probe`: the ratio is the load probe's, no period enters)."""
     p0, _ = plain.errors(0)
     pk, tk = spec.errors(k)
+    if probe:
+        p0 = pk = 0.0
+    elif pairs is not None and pairs.ratio(k) is not None:
+        p0, pk = pairs.error(k), 0.0
     return (p0 * p0 + pk * pk + tk * tk) ** 0.5
 
 
@@ -129,15 +201,17 @@ class Choice:
     from_width: int | None = None  # nothing measured here: predicted from that width's round times
     doubt: float = 0.0  # the best K's predicted gain's relative standard error (measured figures)
     drain: float = 1.0  # the share of the steady gain left once the draining batch's tail is charged
+    ratio: float | None = None  # the chosen k's T(k) / T(0) from pairs (see Pairs) or the load probe
+    probe: bool = False  # the lone request's T(k) / T(0) from the load probe (nothing paired yet)
 
     @property
     def reason(self) -> str:
         src = ("measured" if self.measured else f"width {self.from_width}'s round times" if self.from_width
-               else "cost model")
+               else "load probe's round costs" if self.probe else "cost model")
         if self.drain < 0.995:  # the rows' budgets end together: speculating spreads their finish
             src += f", rows finishing apart cost {100 * (1 - self.drain):.0f} %"
         if self.window:
-            return "measuring plain rounds once at this width"
+            return "measuring plain rounds beside speculative ones at this width (their costs paired)"
         if self.exploring:
             return f"trying K={self.k} again (plain for a while; acceptance {self.alpha:.2f})"
         if self.k == 0:
@@ -147,6 +221,7 @@ class Choice:
                 noise = f" ± {g * self.doubt:.2f} (within noise)" if g >= 1.0 and self.doubt else ""
                 alt = f"best K={k} predicted {g:.2f}x{noise}, "
             return f"plain: {alt}acceptance {self.alpha:.2f} ({src})"
-        times = (f", round {1e3 * self.round_s:.1f} ms vs plain {1e3 * self.plain_s:.1f} ms"
+        times = (f", round {self.ratio:.2f}x a plain one's{'' if self.probe else ', paired'}" if self.ratio else
+                 f", round {1e3 * self.round_s:.1f} ms vs plain {1e3 * self.plain_s:.1f} ms"
                  if self.round_s and self.plain_s else "")
         return f"K={self.k}: {self.gain:.2f}x predicted ({src}{times}, acceptance {self.alpha:.2f})"

@@ -4,18 +4,21 @@ Pure arithmetic over host-side figures; the control never moves a token."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
-from gmlx.policy.figures import (MIN_SAMPLES, STAY, Acceptance, Choice, Times, gain_doubt, surely_pays)
+from gmlx.policy.figures import (MIN_SAMPLES, STAY, Acceptance, Choice, Pairs, Times, gain_doubt, surely_pays)
 
 TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
 TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
-PLAIN_WINDOW = 5  # plain rounds a speculating width runs once, when it has no plain measurement
+PLAIN_WINDOW = 5  # plain rounds a speculating width runs when nothing pairs its rounds with plain ones
 PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
+REFRESH_WINDOW = 3  # plain rounds of a refresh of the pairs while speculating ...
+REFRESH_FIRST, REFRESH_MAX = 64, 512  # ... after this many speculative rounds without a pair (doubling)
 
 
 class WidthControl:
@@ -30,7 +33,9 @@ class WidthControl:
         self.explore_after = EXPLORE_FIRST
         self.spec_rounds = 0
         self.plain_window = 0  # plain rounds still owed to the once-only plain measurement
-        self.plain_checked = False
+        self.pairs = Pairs()  # T(k) / T(0) from periods timed close together (figures.Pairs)
+        self.since_pair = 0  # speculative rounds since the last pair
+        self.refresh_after = PLAIN_CHECK_AFTER
         self.exploring = False
         self.tentative = False  # speculation tried (first, or exploring), not yet sure to pay
 
@@ -68,24 +73,46 @@ class WidthControl:
     def _median(self, k: int) -> float | None:
         return (self.plain if k == 0 else self.spec).median(k)
 
+    def ratio(self, k: int, costs: Costs, lone: bool = False) -> tuple[float | None, str]:
+        """T(k) / T(0) without the machine's drift, and where it comes from: "paired" (figures.Pairs;
+        a k not paired itself from the nearest paired k, scaled by the two speculative medians or
+        the cost model), "probe" (the lone request before any pair: the load probe's costs, timed
+        back to back), or (None, "") — the two medians then (`times`)."""
+        paired = self.pairs.paired()
+        if paired:
+            j = min(paired, key=lambda j: (abs(j - k), j))
+            mj, mk = self.spec.median(j), self.spec.median(k)
+            scale = mk / mj if mj and mk else costs.round_cost(k) / costs.round_cost(j)
+            return self.pairs.ratio(j) * (1.0 if j == k else scale), "paired"
+        if lone:
+            return costs.round_cost(k), "probe"
+        return None, ""
+
     def gain(self, k: int, costs: Costs, alpha: float, nearby: "WidthControl | None" = None,
-             pooled: float | None = None) -> tuple[float, bool]:
-        """k's predicted gain over plain, and whether both its times are measured here. `pooled`:
-        the width's acceptance when `alpha` is one request's own (the lone request): the measured
-        tokens per round, pooled over requests, scale by the model's E at its alpha over E at the
-        pool's — a chat request that accepts little is not credited with a code request's rounds."""
+             pooled: float | None = None, lone: bool = False) -> tuple[float, bool]:
+        """k's predicted gain over plain, and whether its cost relative to plain is measured here.
+        `pooled`: the width's acceptance when `alpha` is one request's own (the lone request): the
+        measured tokens per round, pooled over requests, scale by the model's E at its alpha over
+        E at the pool's — a chat request that accepts little is not credited with a code
+        request's rounds."""
         if k == 0:
             return 1.0, True
-        if nearby is not None and not self.spec_timed():  # the nearest timed width's T(0) / T(k)
-            t0, tk, measured = (*nearby.times(k, costs)[:2], False)
-        else:  # this width's times (its plain time through nearby's ratio when not measured here)
+        r, src = self.ratio(k, costs, lone)
+        measured = src == "paired"
+        if r is None and nearby is not None and not self.spec_timed():  # the nearest timed width's
+            r = nearby.ratio(k, costs)[0]
+            if r is None:
+                t0, tk = nearby.times(k, costs)[:2]
+                r = tk / t0 if t0 else None
+        elif r is None:  # this width's medians (its plain time through nearby's ratio when not measured here)
             t0, tk, measured = self.times(k, costs, nearby)
-        if t0 is None:  # nothing measured anywhere: the cost model alone
+            r = tk / t0 if t0 is not None else None
+        if r is None:  # nothing measured anywhere: the cost model alone
             return costs.speedup(alpha, k), False
         seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
         if seen is not None and pooled is not None:
             seen *= emitted(alpha, k) / emitted(pooled, k)
-        return (seen if seen is not None else emitted(alpha, k)) * t0 / tk, measured
+        return (seen if seen is not None else emitted(alpha, k)) / r, measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
                nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
@@ -99,12 +126,13 @@ class WidthControl:
         near = ratio if not self.spec_timed() else None  # ... or both
         pooled = self.acceptance.alpha if acceptance is not None else None  # alpha is one request's
         drains = {k: drain(remaining, alpha, k, drain_share) for k in range(0, max_k + 1)}
-        gains = {k: self.gain(k, costs, alpha, ratio, pooled)[0] * drains[k] for k in range(0, max_k + 1)}
+        lone = acceptance is not None  # the scalar loop's request (its own acceptance)
+        gains = {k: self.gain(k, costs, alpha, ratio, pooled, lone)[0] * drains[k] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
         # the noise matters only to a gain of at least 1 (the entry test, the reason): not computed otherwise
-        doubt = (gain_doubt(self.plain, self.spec, best_spec)
+        doubt = (gain_doubt(self.plain, self.spec, best_spec, self.pairs, probe=lone and not self.pairs.paired())
                  if best_spec and near is None and gains[best_spec] >= 1.0 else 0.0)
         if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
             settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
@@ -136,12 +164,13 @@ class WidthControl:
                 self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
         self.current = best
         t0, tk, measured = self.times(best, costs, ratio)
-        if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best`
-            return Choice(0, 1.0, alpha, t0, None, measured, window=True)
+        if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best` (said in best_spec)
+            return Choice(0, 1.0, alpha, t0, None, measured, window=True, best_spec=(best, gains[best]))
         alt = (best_spec, gains[best_spec]) if best_spec else None
-        return Choice(best, gains[best], alpha, t0, tk if best else None, measured, self.exploring, best_spec=alt,
-                      from_width=nearby[0] if near is not None else None, doubt=doubt,
-                      drain=drains[best or best_spec])
+        r, src = self.ratio(best or best_spec, costs, lone) if best or best_spec else (None, "")
+        return Choice(best, gains[best], alpha, t0, tk if best else None, src == "paired" or (measured and not src),
+                      self.exploring, best_spec=alt, from_width=nearby[0] if near is not None and not src else None,
+                      doubt=doubt, drain=drains[best or best_spec], ratio=r, probe=src == "probe")
 
     def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
         """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted
@@ -155,6 +184,13 @@ class WidthControl:
     def add_time(self, k: int, seconds: float) -> None:
         """A steady round's period at this width with k drafts (0: plain)."""
         (self.plain if k == 0 else self.spec).add(k, seconds)
+        self._pair(k, seconds)
+
+    def _pair(self, k: int, seconds: float) -> None:
+        before = sum(len(d) for d in self.pairs.logs.values())
+        self.pairs.add(k, seconds, time.perf_counter())
+        if sum(len(d) for d in self.pairs.logs.values()) > before:
+            self.since_pair, self.refresh_after = 0, max(self.refresh_after, REFRESH_FIRST)
 
     def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]],
                 ratio_lent: Callable[[], bool] = lambda: False) -> None:
@@ -162,7 +198,7 @@ class WidthControl:
         round, e.g. a capture round); `rows`: (drafted, accepted) per row. `ratio_lent()`: whether
         another width has both times (asked only when the plain window would start)."""
         if seconds is not None:
-            (self.plain if k == 0 else self.spec).add(k, seconds)
+            self.add_time(k, seconds)
         if k and rows:
             self.spec.add_tokens(k, sum(min(a, d) + 1 for d, a in rows) / len(rows))
         for drafted, accepted in rows:
@@ -174,6 +210,12 @@ class WidthControl:
         else:
             self.plain_run = 0
             self.spec_rounds += 1
-            if (not self.plain_checked and self.spec_rounds >= PLAIN_CHECK_AFTER
-                    and self.plain.median(0) is None):  # with a lent ratio, no gate and resume
-                self.plain_checked, self.plain_window = True, 0 if ratio_lent() else PLAIN_WINDOW
+            self.since_pair += 1
+            if self.plain_window == 0 and self.since_pair >= self.refresh_after:
+                # No pair for a while: a few plain rounds pair with the speculative ones around
+                # them. The first (nothing paired) is skipped where another width lends its ratio
+                # (a window costs a gate and a resume); then every REFRESH_FIRST rounds, doubling.
+                first = not self.pairs.paired()
+                self.plain_window = (0 if first and ratio_lent() else PLAIN_WINDOW if first else REFRESH_WINDOW)
+                self.since_pair = 0
+                self.refresh_after = REFRESH_FIRST if first else min(REFRESH_MAX, 2 * self.refresh_after)

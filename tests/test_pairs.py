@@ -1,0 +1,133 @@
+"""Paired round costs (gmlx/policy/figures.Pairs and its use by the online control): the cost of a
+speculative round relative to a plain one from periods timed side by side, so the machine's drift
+between minutes does not enter the control's prediction."""
+
+import math
+import random
+
+import pytest
+
+from gmlx.policy.width_control import PLAIN_CHECK_AFTER
+from gmlx.policy.control import REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, Acceptance, Controller
+from gmlx.policy.costs import Costs, emitted
+from gmlx.policy.figures import PAIR_SECONDS, PAIR_SPAN, Pairs
+
+COSTS = Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.05)
+
+
+class _Target:
+    pass
+
+
+def drifting_runs(ratio: float, seed: int = 0):
+    """Runs of plain and K=1 rounds, alternating, on a machine whose speed drifts 2x over the
+    sequence and jitters 5 % per round: yields (k, seconds, now)."""
+    rng = random.Random(seed)
+    now, speed = 0.0, 1.0
+    for run in range(12):
+        k = run % 2
+        for _ in range(3 if k == 0 else 20):  # short plain windows between long speculative runs
+            speed *= 1.0 + 1.0 / 140  # ~2x over the sequence's ~140 rounds
+            s = 0.060 * speed * (ratio if k else 1.0) * (1 + 0.05 * rng.uniform(-1, 1))
+            now += s
+            yield k, s, now
+
+
+def test_pairs_recover_the_cost_ratio_while_the_machine_drifts():
+    pairs = Pairs()
+    for k, s, now in drifting_runs(1.25):
+        pairs.add(k, s, now)
+    assert pairs.ratio(1) == pytest.approx(1.25, rel=0.04)
+    assert 0 < pairs.error(1) < 0.05
+
+
+def test_one_sample_per_boundary_from_the_periods_on_each_side():
+    pairs = Pairs()
+    for s in (0.010, 0.011, 0.012, 0.013):  # plain
+        pairs.add(0, s, 0.0)
+    for s in (0.030, 0.020, 0.025, 0.9):  # K=2: the first PAIR_SPAN against the last PAIR_SPAN plain
+        pairs.add(2, s, 0.1)
+    assert PAIR_SPAN == 3 and list(pairs.logs[2]) == pytest.approx([math.log(0.025 / 0.012)])
+    pairs.add(0, 0.010, 0.2)  # back to plain: a run shorter than PAIR_SPAN still pairs when it ends
+    pairs.add(3, 0.040, 0.3)
+    assert len(pairs.logs[2]) == 2 and pairs.logs[2][-1] == pytest.approx(math.log(0.025 / 0.010))  # median 0.02/0.025/0.9
+    assert pairs.ratio(2) is not None and 3 not in pairs.logs  # K=3's run has just begun
+
+
+def test_runs_further_apart_than_the_horizon_do_not_pair():
+    pairs = Pairs()
+    for _ in range(3):
+        pairs.add(0, 0.010, 0.0)
+    for _ in range(3):
+        pairs.add(1, 0.012, PAIR_SECONDS + 1.0)  # minutes of drift may lie between them
+    assert not pairs.logs
+
+
+def control_with(plain_then_spec: bool) -> Controller:
+    """Width 4: plain rounds timed at 75 ms a minute ago (a slow spell), K=1 rounds now at 72 ms
+    each emitting 1.5 tokens per row; the true K=1 cost is 1.25 plain rounds."""
+    ctl = Controller(_Target(), "mtp", COSTS)
+    wc = ctl.at(4)
+    for _ in range(16):
+        wc.plain.add(0, 0.075)  # stale: no pair from them
+    if plain_then_spec:  # a window: plain rounds (57.6 ms now) side by side with the K=1 ones
+        for _ in range(3):
+            for s, k in [(0.072, 1)] * 3 + [(0.0576, 0)] * 3:
+                wc.add_time(k, s)
+    for _ in range(16):
+        ctl.observe(4, 1, 0.072, [(1, 1), (1, 1), (1, 0), (1, 0)])  # 1.5 tokens per row and round
+    return ctl
+
+
+def test_the_control_predicts_from_pairs_not_from_stale_medians():
+    stale = control_with(False).at(4)
+    g_stale = stale.gain(1, COSTS, stale.acceptance.alpha)[0]
+    paired = control_with(True).at(4)
+    g, measured = paired.gain(1, COSTS, paired.acceptance.alpha)
+    tokens = paired.spec.tokens_per_round(1)
+    assert g_stale == pytest.approx(1.5 * 0.075 / 0.072)  # a K=1 round "cheaper" than a plain one: 1.56x
+    assert measured and tokens == pytest.approx(1.5) and g == pytest.approx(1.5 / 1.25, rel=1e-6)  # 1.2x
+
+
+def test_the_reason_says_the_paired_ratio():
+    ctl = control_with(True)
+    ctl.at(4).current, ctl.at(4).rounds_in_choice = 1, 10
+    c = ctl.choose(4, 1)
+    assert c.k == 1 and c.ratio == pytest.approx(1.25) and "round 1.25x a plain one's, paired" in c.reason, c.reason
+
+
+def test_a_lone_request_with_nothing_paired_uses_the_load_probe():
+    ctl = Controller(_Target(), "mtp", COSTS)
+    for _ in range(16):  # timed medians exist (a plain engine's rounds; drafting ones), unpaired
+        ctl.at(1).plain.add(0, 0.050)
+    for i in range(PLAIN_CHECK_AFTER - 1):  # (before the first plain window)
+        ctl.observe(1, 1, 0.100, [(1, i % 2)])
+    wc = ctl.at(1)
+    seen = wc.spec.tokens_per_round(1) * emitted(0.5, 1) / emitted(wc.acceptance.alpha, 1)  # its own acceptance
+    c = ctl.choose(1, 1, Acceptance(10, 10))
+    assert c.probe and "load probe" in c.reason and "ms" not in c.reason, c.reason
+    assert c.best_spec[1] == pytest.approx(seen / COSTS.round_cost(1), rel=1e-6)  # not 0.05 / 0.100
+
+
+def test_a_speculating_width_refreshes_its_pairs_with_a_few_plain_rounds_ever_more_rarely():
+    ctl = Controller(_Target(), "mtp", COSTS)
+    windows, gaps, since = [], [], 0
+    for _ in range(REFRESH_FIRST * 8):
+        c = ctl.choose(2, 1)
+        if c.window:
+            windows.append(c)
+            if since:
+                gaps.append(since)
+            since = 0
+            ctl.observe(2, 0, 0.010, [(0, 0)] * 2)
+        else:
+            since += 1
+            ctl.observe(2, c.k, 0.011, [(c.k, 1)] * 2)  # every draft accepted: K=1 pays ~1.8x
+    assert ctl.at(2).pairs.ratio(1) == pytest.approx(1.1)
+    # the first window after PLAIN_CHECK_AFTER rounds (nothing paired); then every REFRESH_FIRST
+    # rounds after the last pair (emitted PAIR_SPAN rounds into the speculative run), doubling
+    assert gaps[0] == PLAIN_CHECK_AFTER
+    assert [g - (PAIR_SPAN - 1) for g in gaps[1:4]] == [REFRESH_FIRST, 2 * REFRESH_FIRST, 4 * REFRESH_FIRST], gaps
+    assert all(g <= REFRESH_MAX for g in gaps)
+    plain_share = len(windows) / (REFRESH_FIRST * 8)
+    assert plain_share < 0.05 and REFRESH_WINDOW == 3
