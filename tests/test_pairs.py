@@ -81,9 +81,9 @@ def control_with(plain_then_spec: bool) -> Controller:
 
 def test_the_control_predicts_from_pairs_not_from_stale_medians():
     stale = control_with(False).at(4)
-    g_stale = stale.gain(1, COSTS, stale.acceptance.alpha)[0]
+    g_stale = stale.gain(1, COSTS, stale.acceptance)[0]
     paired = control_with(True).at(4)
-    g, measured = paired.gain(1, COSTS, paired.acceptance.alpha)
+    g, measured = paired.gain(1, COSTS, paired.acceptance)
     tokens = paired.spec.tokens_per_round(1)
     assert g_stale == pytest.approx(1.5 * 0.075 / 0.072)  # a K=1 round "cheaper" than a plain one: 1.56x
     assert measured and tokens == pytest.approx(1.5) and g == pytest.approx(1.5 / 1.25, rel=1e-6)  # 1.2x
@@ -103,7 +103,7 @@ def test_a_lone_request_with_nothing_paired_uses_the_load_probe():
     for i in range(PLAIN_CHECK_AFTER - 1):  # (before the first plain window)
         ctl.observe(1, 1, 0.100, [(1, i % 2)])
     wc = ctl.at(1)
-    seen = wc.spec.tokens_per_round(1) * emitted(0.5, 1) / emitted(wc.acceptance.alpha, 1)  # its own acceptance
+    seen = wc.spec.tokens_per_round(1) * emitted(0.5, 1) / wc.acceptance.emitted(1)  # its own acceptance
     c = ctl.choose(1, 1, Acceptance(10, 10))
     assert c.probe and "load probe" in c.reason and "ms" not in c.reason, c.reason
     assert c.best_spec[1] == pytest.approx(seen / COSTS.round_cost(1), rel=1e-6)  # not 0.05 / 0.100
@@ -131,3 +131,18 @@ def test_a_speculating_width_refreshes_its_pairs_with_a_few_plain_rounds_ever_mo
     assert all(g <= REFRESH_MAX for g in gaps)
     plain_share = len(windows) / (REFRESH_FIRST * 8)
     assert plain_share < 0.05 and REFRESH_WINDOW == 3
+
+
+def test_tokens_per_round_follow_each_draft_positions_own_acceptance():
+    """A head that misses its first draft often but, once that one is accepted, the next ones
+    always: rounds of K=3 accept 0 (60 %) or 3 (40 %), 2.2 tokens a round. The geometric model at
+    the pooled alpha (0.67) says 2.4 for K=3; the per-position rates give the measured figure."""
+    a = Acceptance(decay=1.0)
+    for i in range(200):
+        a.record(3, 3 if i % 5 < 2 else 0)
+    measured = 1 + 0.4 * 3
+    assert a.emitted(3) == pytest.approx(measured, rel=0.03)
+    assert abs(emitted(a.alpha, 3) - measured) > 0.15  # the geometric model
+    assert a.emitted(1) == pytest.approx(1.4, rel=0.03)
+    fresh = Acceptance()
+    assert fresh.emitted(3) == pytest.approx(emitted(fresh.alpha, 3))  # nothing seen: the geometric prior

@@ -65,11 +65,14 @@ class Speculation:
             return self.choice.k
         return max(1, self.ceiling(width))
 
-    def observe(self, kind: Round, width: int, t0: float, results: list, scalar_k: int | None) -> None:
+    def observe(self, kind: Round, width: int, t0: float, results: list, scalar_k: int | None,
+                steady: bool = True) -> None:
         """Feed a round that started at t0 to the control: its acceptance and tokens now; its time
         when the next round starts (`round_starts`), as the period between the two starts, so the
         figure holds all the engine's work per round (emission, retirement, admission's planning,
-        the caller's loop), not the forward alone."""
+        the caller's loop), not the forward alone. A round right after a transition or an
+        admission (`steady` False) is not timed: it holds their one-off work (a new request's
+        drafter reads its whole prompt at its first draft: 2-3x a steady round on SmolLM2)."""
         self._pending = None
         if kind is Round.NONE or width < 1:
             return
@@ -78,13 +81,13 @@ class Speculation:
         else:
             k = max((r.drafted for r in results), default=0) if kind is Round.SPECULATIVE else 0
         if self.control is None:  # a plain engine's rounds still teach the others on this target
-            if self.drafter is None and kind in _TIMED:
+            if self.drafter is None and kind in _TIMED and steady:
                 self._pending = (width, 0, t0)
             return
         if k > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
             return  # round): neither its time nor its acceptance says what the model's drafter buys
         self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results])
-        if kind in _TIMED:
+        if kind in _TIMED and steady:
             self._pending = (width, k, t0)
 
     def round_starts(self, t: float, width: int, steady: bool) -> None:

@@ -162,8 +162,7 @@ class Controller:
 
     def pooled(self, width: int) -> Acceptance:
         """A copy of this width's recent acceptance: a new lone request starts from it."""
-        a = self.at(width).acceptance
-        return Acceptance(a.successes, a.failures, 0)
+        return self.at(width).acceptance.copy()
 
     def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
         self.at(width).observe(k, seconds, rows, lambda: self._nearest_timed(bucket(width)) is not None)

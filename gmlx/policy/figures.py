@@ -46,12 +46,14 @@ def bucket(width: int) -> int:
 @dataclass
 class Acceptance:
     """Per-position acceptance as a decayed geometric MLE: a round that drafted k and accepted a
-    adds a successes and one failure when a < k (alpha = s / (s + f))."""
+    adds a successes and one failure when a < k (alpha = s / (s + f)); and per draft position d
+    the decayed count of rounds that reached d and of those that accepted it, for `emitted`."""
 
     successes: float = 1.8  # the prior: alpha 0.6 worth PRIOR_WEIGHT = 3 rounds
     failures: float = 1.2
     rounds: int = 0
     decay: float = DECAY  # per round (1.0: every round counts alike)
+    depth: list = field(default_factory=list)  # per position d: [accepted, reached]
 
     @property
     def alpha(self) -> float:
@@ -62,6 +64,32 @@ class Acceptance:
             self.successes = self.successes * self.decay + accepted
             self.failures = self.failures * self.decay + (accepted < drafted)
             self.rounds += 1
+            for d in self.depth:
+                d[0], d[1] = d[0] * self.decay, d[1] * self.decay
+            for d in range(min(drafted, accepted + 1)):  # positions reached: the accepted run and the miss
+                if d == len(self.depth):
+                    self.depth.append([0.0, 0.0])
+                self.depth[d][0] += d < accepted
+                self.depth[d][1] += 1
+
+    def emitted(self, k: int) -> float:
+        """Expected tokens per round of k drafts: 1 + sum_j prod_{d <= j} alpha_d, alpha_d the
+        conditional acceptance at position d, each shrunk toward the shallower one's (the first
+        toward alpha) by PRIOR_WEIGHT rounds. A position never reached is the geometric model at
+        the shallower rate (`costs.emitted`); a head whose deeper drafts agree more (or less)
+        often once the first did — runs of easy text — is credited with what its rounds show,
+        not with one alpha pooled over positions reached at different rates."""
+        a, run, total = self.alpha, 1.0, 1.0
+        for d in range(k):
+            hit, reached = self.depth[d] if d < len(self.depth) else (0.0, 0.0)
+            a = (hit + PRIOR_WEIGHT * a) / (reached + PRIOR_WEIGHT)
+            run *= a
+            total += run
+        return total
+
+    def copy(self) -> "Acceptance":
+        """A copy with its own counts (a new lone request starts from the width's)."""
+        return Acceptance(self.successes, self.failures, 0, self.decay, [list(d) for d in self.depth])
 
 
 @dataclass

@@ -88,13 +88,13 @@ class WidthControl:
             return costs.round_cost(k), "probe"
         return None, ""
 
-    def gain(self, k: int, costs: Costs, alpha: float, nearby: "WidthControl | None" = None,
-             pooled: float | None = None, lone: bool = False) -> tuple[float, bool]:
-        """k's predicted gain over plain, and whether its cost relative to plain is measured here.
-        `pooled`: the width's acceptance when `alpha` is one request's own (the lone request): the
-        measured tokens per round, pooled over requests, scale by the model's E at its alpha over
-        E at the pool's — a chat request that accepts little is not credited with a code
-        request's rounds."""
+    def gain(self, k: int, costs: Costs, acc: Acceptance, nearby: "WidthControl | None" = None,
+             pooled: Acceptance | None = None, lone: bool = False) -> tuple[float, bool]:
+        """k's predicted gain over plain at acceptance `acc`, and whether its cost relative to plain
+        is measured here. `pooled`: the width's acceptance when `acc` is one request's own (the
+        lone request): the measured tokens per round, pooled over requests, scale by the tokens
+        expected at its acceptance over those at the pool's — a chat request that accepts little
+        is not credited with a code request's rounds."""
         if k == 0:
             return 1.0, True
         r, src = self.ratio(k, costs, lone)
@@ -108,11 +108,11 @@ class WidthControl:
             t0, tk, measured = self.times(k, costs, nearby)
             r = tk / t0 if t0 is not None else None
         if r is None:  # nothing measured anywhere: the cost model alone
-            return costs.speedup(alpha, k), False
-        seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's E
+            return acc.emitted(k) / costs.round_cost(k), False
+        seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's
         if seen is not None and pooled is not None:
-            seen *= emitted(alpha, k) / emitted(pooled, k)
-        return (seen if seen is not None else emitted(alpha, k)) / r, measured
+            seen *= acc.emitted(k) / pooled.emitted(k)
+        return (seen if seen is not None else acc.emitted(k)) / r, measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
                nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
@@ -121,13 +121,14 @@ class WidthControl:
         exploration and the plain window of the module's doc. `remaining`: the batch's rows'
         budgets left, and the share of finishes not refilled, for the drain charge
         (gmlx/policy/drain.py); a try needs room for its rounds."""
-        alpha = (acceptance or self.acceptance).alpha
+        acc = acceptance or self.acceptance
+        alpha = acc.alpha
         ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
         near = ratio if not self.spec_timed() else None  # ... or both
-        pooled = self.acceptance.alpha if acceptance is not None else None  # alpha is one request's
+        lone = acceptance is not None  # the scalar loop's request (its own acceptance; the pool's is this width's)
+        pooled = self.acceptance if lone else None
         drains = {k: drain(remaining, alpha, k, drain_share) for k in range(0, max_k + 1)}
-        lone = acceptance is not None  # the scalar loop's request (its own acceptance)
-        gains = {k: self.gain(k, costs, alpha, ratio, pooled, lone)[0] * drains[k] for k in range(0, max_k + 1)}
+        gains = {k: self.gain(k, costs, acc, ratio, pooled, lone)[0] * drains[k] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
