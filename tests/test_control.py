@@ -40,7 +40,8 @@ def test_before_any_round_the_cost_model_decides():
 
 def test_measured_rounds_replace_the_cost_model_and_plain_wins_when_speculation_is_slow():
     """Every draft accepted, but a round of drafts takes 5x a plain step: only a plain figure shows
-    that speculation loses, so a speculating width measures plain rounds once, then goes plain."""
+    that speculation loses, so a speculating width measures plain rounds beside its speculative
+    ones (a window: gate, plain rounds, resume), then goes plain."""
     ctl = fresh()
     for _ in range(8):
         c = ctl.choose(2, 3)
