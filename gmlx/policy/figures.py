@@ -147,6 +147,7 @@ class Pairs:
     started: float = 0.0  # when the current run's first was
     last: float = -math.inf
     emitted: bool = True
+    memo: dict = field(default_factory=dict, repr=False)  # ratio and error per k until the next sample
 
     def add(self, k: int, seconds: float, now: float) -> None:
         if (k == 0) is not self.run_plain:  # a boundary: a run of the other sort starts
@@ -171,23 +172,31 @@ class Pairs:
         tk = statistics.median(s for j, s in spec if j == k)
         if t0 > 0 and tk > 0:
             self.logs.setdefault(k, deque(maxlen=2 * WINDOW)).append(math.log(tk / t0))
+            self.memo.clear()
 
     def ratio(self, k: int) -> float | None:
-        """T(k) / T(0) from pairs (None below MIN_PAIRS of them)."""
-        d = self.logs.get(k)
-        return math.exp(statistics.median(d)) if d is not None and len(d) >= MIN_PAIRS else None
+        """T(k) / T(0) from pairs (None below MIN_PAIRS of them). Kept until the next sample: the
+        control asks every step, samples come at boundaries."""
+        if ("ratio", k) not in self.memo:
+            d = self.logs.get(k)
+            self.memo["ratio", k] = (math.exp(statistics.median(d)) if d is not None and len(d) >= MIN_PAIRS
+                                     else None)
+        return self.memo["ratio", k]
 
     def error(self, k: int) -> float:
         """The relative standard error of ratio(k) (from the pairs' MAD; 0 below MIN_PAIRS)."""
         d = self.logs.get(k, ())
         if len(d) < MIN_PAIRS:
             return 0.0
+        if ("error", k) in self.memo:
+            return self.memo["error", k]
         med = statistics.median(d)
-        return 1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d) / math.sqrt(len(d))
+        self.memo["error", k] = 1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d) / math.sqrt(len(d))
+        return self.memo["error", k]
 
     def paired(self) -> list[int]:
         """The k with a ratio."""
-        return [k for k in self.logs if self.ratio(k) is not None]
+        return [k for k, d in self.logs.items() if len(d) >= MIN_PAIRS]
 
 
 def gain_doubt(plain: Times, spec: Times, k: int, pairs: Pairs | None = None, probe: bool = False) -> float:
