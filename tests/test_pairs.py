@@ -146,3 +146,15 @@ def test_tokens_per_round_follow_each_draft_positions_own_acceptance():
     assert a.emitted(1) == pytest.approx(1.4, rel=0.03)
     fresh = Acceptance()
     assert fresh.emitted(3) == pytest.approx(emitted(fresh.alpha, 3))  # nothing seen: the geometric prior
+
+
+def test_a_pair_resets_the_refresh_count_after_the_samples_window_is_full():
+    """More boundaries than the 32 samples kept: each still counts as a fresh pair (no refresh
+    window is owed while switches keep pairing the two kinds)."""
+    ctl = Controller(_Target(), "mtp", COSTS)
+    wc = ctl.at(2)
+    for _ in range(40):  # 80 runs, 79 boundaries
+        for k, s in [(0, 0.010)] * 3 + [(1, 0.011)] * 3:
+            ctl.observe(2, k, s, [(k, 1)] * 2 if k else [(0, 0)] * 2)
+    assert wc.pairs.samples == 79 and len(wc.pairs.logs[1]) == 32
+    assert wc.since_pair < PAIR_SPAN and wc.plain_window == 0  # reset by the last boundary's sample

@@ -147,6 +147,7 @@ class Pairs:
     started: float = 0.0  # when the current run's first was
     last: float = -math.inf
     emitted: bool = True
+    samples: int = 0  # samples taken so far (the deques stop growing at their length)
     memo: dict = field(default_factory=dict, repr=False)  # ratio and error per k until the next sample
 
     def add(self, k: int, seconds: float, now: float) -> None:
@@ -172,6 +173,7 @@ class Pairs:
         tk = statistics.median(s for j, s in spec if j == k)
         if t0 > 0 and tk > 0:
             self.logs.setdefault(k, deque(maxlen=2 * WINDOW)).append(math.log(tk / t0))
+            self.samples += 1
             self.memo.clear()
 
     def ratio(self, k: int) -> float | None:

@@ -32,7 +32,7 @@ class WidthControl:
         self.plain_run = 0  # consecutive plain rounds while the choice is plain
         self.explore_after = EXPLORE_FIRST
         self.spec_rounds = 0
-        self.plain_window = 0  # plain rounds still owed to the once-only plain measurement
+        self.plain_window = 0  # plain rounds still owed to a window (figures.Pairs: its rounds pair)
         self.pairs = Pairs()  # T(k) / T(0) from periods timed close together (figures.Pairs)
         self.since_pair = 0  # speculative rounds since the last pair
         self.refresh_after = PLAIN_CHECK_AFTER
@@ -188,9 +188,9 @@ class WidthControl:
         self._pair(k, seconds)
 
     def _pair(self, k: int, seconds: float) -> None:
-        before = sum(len(d) for d in self.pairs.logs.values())
+        before = self.pairs.samples
         self.pairs.add(k, seconds, time.perf_counter())
-        if sum(len(d) for d in self.pairs.logs.values()) > before:
+        if self.pairs.samples > before:
             self.since_pair, self.refresh_after = 0, max(self.refresh_after, REFRESH_FIRST)
 
     def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]],
