@@ -11,9 +11,9 @@ to plain decoding, is
 
 with E the measured mean tokens per row and round at k (its accepted run plus the bonus), or
 before that the geometric model E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) (costs.py). The cost
-ratio T(w, k) / T(w, 0) is paired (figures.Pairs): each plain period and each k period timed within
-a few rounds (and seconds) of the other sort's latest gives one sample of log T(k) - log T(0),
-and the ratio is their median. Two medians measured minutes apart are not used where pairs exist:
+ratio T(w, k) / T(w, 0) is paired (figures.Pairs): where a run of plain rounds meets a run of k
+rounds, the medians of the few periods on each side (seconds apart at most) give one sample of
+log T(k) - log T(0), and the ratio is the median of the recent samples. Two medians measured minutes apart are not used where pairs exist:
 on a shared machine the same plain round drifts 60 -> 75 ms between minutes, and a K=1 round then
 measured cheaper than a plain one (a 1.4x prediction for a 1.08x round). Before any pair, the
 lone request (width 1) takes the ratio from the load probe's costs (timed back to back); a batch
