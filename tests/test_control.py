@@ -168,6 +168,19 @@ def test_an_untried_k_predicted_to_lose_is_not_measured():
     assert tried == {1}, tried
 
 
+def test_tokens_per_round_count_steady_rounds_only():
+    """Right after an admission the new rows' drafters have little history: those rounds' tokens
+    are not what a K buys in steady state and do not count (as their times do not). The micro
+    model's K=3, measured only there at 1.5 tokens a round, was never tried again (3.8 later)."""
+    ctl = fresh()
+    for _ in range(4):
+        ctl.observe(8, 3, None, [(0, 0)] * 8, steady=False)  # drafts found nothing yet
+    assert ctl.at(8).spec.tokens_per_round(3) is None
+    for _ in range(4):
+        ctl.observe(8, 3, None, [(3, 3)] * 8)
+    assert ctl.at(8).spec.tokens_per_round(3) == 4.0
+
+
 def test_a_width_decided_plain_tries_speculation_again_after_a_run_of_plain_rounds():
     ctl = fresh(Costs(verify=(1.0, 3.0, 4.0, 5.0), draft=0.5))
     assert ctl.choose(4, 3).k == 0

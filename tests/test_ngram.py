@@ -37,7 +37,8 @@ def reference(seq: list[int], k: int, n_min: int, n_max: int) -> list[int]:
     for n in range(min(n_max, end - 1), n_min - 1, -1):
         for i in range(end - 1, n - 1, -1):  # i: the position after the occurrence seq[i-n:i]
             if seq[i - n:i] == seq[end - n:]:
-                return seq[i:min(i + k, end)]
+                span = seq[i:min(i + k, end)]  # fewer than k: the drafts go on into themselves
+                return (span + [(span * k)[j] for j in range(len(span), k)])
     return []
 
 
@@ -61,7 +62,20 @@ def test_most_recent_occurrence_and_truncation_at_the_end():
     st = d.start([FakeRow([5, 6, 1, 5, 6, 2, 4, 5, 6])], [None])
     assert drafts_of(d, st, 3) == [[2, 4, 5]]  # after the later [5, 6], not the first
     st = d.start([FakeRow([5, 6, 1, 2, 5, 6])], [None])
-    assert drafts_of(d, st, 8) == [[1, 2, 5, 6]]  # fewer than k: the history ends
+    assert drafts_of(d, st, 3) == [[1, 2, 5]]
+    # fewer than k after it: the output repeats [1, 2, 5, 6], and the drafts go on repeating it
+    # (as a lookup with each draft appended would find)
+    assert drafts_of(d, st, 8) == [[1, 2, 5, 6, 1, 2, 5, 6]]
+
+
+def test_a_loop_drafts_k_tokens():
+    """A one-token loop (the micro model's output) drafts K tokens, not one: before, every row
+    drafted one token a round whatever K the control chose."""
+    d = NGramDrafter()
+    st = d.start([FakeRow([3, 1, 4, 7, 7, 7])], [None])
+    assert drafts_of(d, st, 3) == [[7, 7, 7]]
+    st = d.start([FakeRow([3, 8, 9, 8, 9])], [None])
+    assert drafts_of(d, st, 5) == [[8, 9, 8, 9, 8]]
 
 
 def test_no_match_drafts_nothing():
@@ -77,7 +91,7 @@ def test_the_suffix_never_matches_itself():
     st = d.start([FakeRow([9])], [None])
     assert drafts_of(d, st, 3) == [[]]  # one token: nothing earlier
     st = d.start([FakeRow([4, 4])], [None])
-    assert drafts_of(d, st, 3) == [[4]]  # [4] occurred at 0, followed by the last token
+    assert drafts_of(d, st, 3) == [[4, 4, 4]]  # [4] occurred at 0, followed by the last token: a loop
 
 
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=60), st.lists(st.integers(1, 5), max_size=12),
@@ -110,15 +124,15 @@ def test_lookup_helper_agrees_with_reference():
 # ---- a batch: per-row lengths, alignment, host only -----------------------------------------
 
 ROWS = {"a": [1, 2, 3, 4, 1, 2], "b": [7, 8, 9], "c": [5, 6, 5, 6, 5, 6]}
-WANT = {"a": [3, 4, 1], "b": [], "c": [5, 6]}  # k = 3
+WANT = {"a": [3, 4, 1], "b": [], "c": [5, 6, 5]}  # k = 3 (c: its loop repeated past the end)
 
 
 def test_per_row_lengths_and_padding():
     d = NGramDrafter(n_min=2, n_max=4)
     st = d.start([FakeRow(ROWS[x]) for x in "abc"], [None] * 3)
     out = np.array(d.draft(st, 3, None, []))
-    assert d.draft_lengths(st).tolist() == [3, 0, 2]
-    assert out.tolist() == [[3, 4, 1], [0, 0, 0], [5, 6, 0]]
+    assert d.draft_lengths(st).tolist() == [3, 0, 3]
+    assert out.tolist() == [[3, 4, 1], [0, 0, 0], [5, 6, 5]]
 
 
 def test_filter_and_merge_keep_rows_aligned():
@@ -201,7 +215,8 @@ def test_rows_with_different_draft_counts_equal_solo(lm, prompts, t):
     assert "preempt" in tr and "gate" in tr and "resume" in tr, tr
     spec = [[d for _, d, _, _ in e.rows] for _, e in run.rounds() if e.round == "speculative"]
     assert any(len(set(ds)) > 1 and 0 in ds for ds in spec), spec  # mixed lengths in one round, 0 included
-    assert any(0 < d < 3 for ds in spec for d in ds), spec  # a copy cut short by the end of the history
+    # the loop's span ("#\n", 2 tokens) is shorter than K = 3: its drafts go on repeating it
+    assert any(d == 3 for ds in spec for d in ds), spec
     if t == 0.0:
         assert sum(a for _, e in run.rounds() for _, _, a, _ in e.rows) > 0
     eng.close()
@@ -266,3 +281,35 @@ def test_cli_generate_and_doctor():
     assert r.code == 0 and "ngram" in r.stdout, r.stdout  # among the available drafters
     r = run("doctor", "--drafter", "ngram")
     assert r.code == 0 and "family default: ngram drafter" in r.stdout, r.stdout
+
+
+def test_the_control_counts_a_round_under_the_k_it_asked_not_the_drafts_found(lm, monkeypatch):
+    """Prompt lookup finds nothing for distinct ids: the rounds the control asked K drafts of
+    draft none, and count under K (one token a round: what choosing K bought), in the scalar lane
+    and in the batch lane; never as plain rounds. Keyed by the drafts found, a K=3 choice whose
+    rows drafted one token each was credited the model's 4 tokens a round (the micro model)."""
+    from gmlx.config import Switches
+    from gmlx.policy import control
+
+    control.forget(lm.target)
+    seen = []
+    real = control.Controller.observe
+
+    def observe(self, width, k, seconds, rows, steady=True):
+        seen.append((width, k, [d for d, _ in rows]))
+        return real(self, width, k, seconds, rows, steady)
+
+    monkeypatch.setattr(control.Controller, "observe", observe)
+    eng = Engine(lm, EngineConfig(drafter="ngram", width_cap=0), switches=Switches(control=True))
+    fresh = [list(range(1000 + 20 * i, 1012 + 20 * i)) for i in range(3)]  # distinct ids: no n-gram recurs
+    run = drive(eng, {0: [("a", fresh[0], P(10))], 6: [("b", fresh[1], P(8)), ("c", fresh[2], P(8))]})
+    check_solo(lm, run)
+    kinds = {e.round for _, e in run.rounds()}
+    assert {"scalar", "speculative"} <= kinds, kinds
+    # rounds where no row found a draft (plain rounds too: k = 0), and those asked for drafts
+    empty = [(w, k) for w, k, ds in seen if ds and not any(ds) and k > 0]
+    assert any(w == 1 for w, _ in empty) and any(w > 1 for w, _ in empty), seen
+    k1 = {k for w, k in empty if w == 1}
+    assert all(eng.spec.control.at(1).spec.tokens_per_round(k) == 1.0 for k in k1), k1
+    eng.close()
+    control.forget(lm.target)

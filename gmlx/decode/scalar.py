@@ -86,7 +86,7 @@ class ScalarLane:
         # The online control (gmlx/policy/control.py; the engine sets it): K per round and plain
         # vs speculative from measured round times at width 1. None: the cost model alone decides.
         self.control = None
-        self.last_k: int | None = None  # drafts of the round last read (0: plain), for the control
+        self.last_k: int | None = None  # drafts asked of the round last read (0: plain), for the control
 
     @property
     def row(self) -> Row | None:
@@ -174,7 +174,7 @@ class ScalarLane:
         flight = self.flight or self._dispatch(seq, seq.bonus, seq.row.next_position, seq.row.remaining)
         self.flight = None
         res = self._collect(seq, flight)
-        self.last_k = flight.k
+        self.last_k = flight.asked
         remaining = seq.row.remaining - len(res.tokens)
         if not last and remaining > 0 and not seq.row.stops_at(res.tokens):
             bonus, position = max(res.tokens[-1], 0), flight.position + len(res.tokens)
@@ -223,7 +223,7 @@ class ScalarLane:
 
     def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int, pending: list[int] = ()) -> Flight:
         """Build the drafts and the verify forward from the bonus at position n, and start them."""
-        k = self.round_k(seq, remaining)
+        k = asked = self.round_k(seq, remaining)
         inputs = mx.array([[bonus]], dtype=mx.int32)
         drafts, lengths = None, None
         if k:
@@ -245,7 +245,7 @@ class ScalarLane:
         trace.mark("build")
         mx.async_eval(read) if lps is None else mx.async_eval(read, lps)
         trace.mark("dispatch")
-        return Flight(k=k, position=n, read=read, hidden=hidden, targets=targets, lps=lps)
+        return Flight(k=k, position=n, read=read, hidden=hidden, targets=targets, lps=lps, asked=asked)
 
     def _collect(self, seq: ScalarSeq, fl: Flight) -> RoundResult:
         """The round's one host read, the acceptance rule, and the rollback of what it rejected."""
@@ -275,3 +275,4 @@ class Flight:
     hidden: mx.array  # [1, k+1, D]
     targets: mx.array  # [1, k+1]
     lps: mx.array | None = None  # [1, k+1, 1+2N] logprobs, when the request asked (gmlx.processors)
+    asked: int = 0  # the drafts asked for (k: those the drafter found); the control keys the round by it

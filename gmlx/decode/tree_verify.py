@@ -199,7 +199,7 @@ class TreeScalarLane(ScalarLane):
         return self._rows_rs[1]
 
     def _dispatch(self, seq: ScalarSeq, bonus: int, n: int, remaining: int, pending: list[int] = ()) -> Flight:
-        k = self.round_k(seq, remaining)
+        k = asked = self.round_k(seq, remaining)
         if not k or not self._treeable(seq) or not self.choice.pick():
             return super()._dispatch(seq, bonus, n, remaining, pending)
         rs_rows = self._rows_sampling(seq)
@@ -219,7 +219,7 @@ class TreeScalarLane(ScalarLane):
         mx.async_eval(read)
         trace.mark("dispatch")
         return TreeFlight(k=k, position=n, read=read, hidden=hidden, targets=targets, views=views,
-                          lengths=lengths, rows=P)
+                          lengths=lengths, rows=P, asked=asked)
 
     def _collect(self, seq: ScalarSeq, fl: Flight) -> RoundResult:
         if not isinstance(fl, TreeFlight):

@@ -5,9 +5,9 @@ it serves any target with any tokenizer; it pays where the output repeats its co
 editing code, lists, structured data).
 
 Matching, per row and round: for n from n_max down to n_min, the first n whose suffix occurred
-earlier wins (longest first), at its most recent occurrence; the drafts are the up to k tokens
-that followed it, fewer where the history ends sooner. A row whose suffix never occurred drafts
-nothing that round (`draft_lengths`: 0 for that row; the lanes verify only the columns some row
+earlier wins (longest first), at its most recent occurrence; the drafts are the k tokens that
+followed it, the span repeated where the history ends sooner (a loop: `lookup`). A row whose
+suffix never occurred drafts nothing that round (`draft_lengths`: 0 for that row; the lanes verify only the columns some row
 drafted and accept at most each row's own count).
 
 State per row: its sequence (the prompt and every verified token; the last is the pending bonus,
@@ -67,13 +67,21 @@ class RowIndex:
 
 
 def lookup(seq: list[int], after: dict, k: int, n_min: int, n_max: int) -> list[int]:
-    """The up to k tokens that followed the most recent earlier occurrence of the longest suffix
-    of `seq` (n_max down to n_min tokens) found in `after`; [] when none occurred."""
+    """The k tokens that followed the most recent earlier occurrence of the longest suffix of
+    `seq` (n_max down to n_min tokens) found in `after`; [] when none occurred.
+
+    An occurrence p < k tokens back (the output repeats a span of p tokens: a loop, a
+    run of one token) has fewer than k tokens after it; the drafts then go on copying past the
+    sequence's end into themselves — seq + drafts read from i, i.e. the span repeated — which is
+    what looking up again with each draft appended finds (llama.cpp's lookup drafts that way,
+    token by token). Before, such a row drafted p tokens a round whatever K the control chose:
+    the micro model (a one-token loop) ran K=3 rounds of 1 draft, predicted 3.5x for ~1.1x."""
     end = len(seq)
     for n in range(min(n_max, end - 1), n_min - 1, -1):
         i = after.get(tuple(seq[end - n:]))
         if i is not None:
-            return seq[i:min(i + k, end)]
+            span = seq[i:min(i + k, end)]
+            return span if len(span) == k else [span[j % len(span)] for j in range(k)]
     return []
 
 

@@ -30,6 +30,7 @@ class Speculation:
         self.control = Controller(target, drafter.kind, costs) if on else None
         self.choice: Choice | None = None  # this step's choice at the batch's width
         self._pending: tuple | None = None  # (width, k, start) of the last round, until the next starts
+        self._asked = 0  # the K the last speculative batch round was asked for
         self.refills = Refills()  # whether finished rows' places are taken (the drain charge's weight)
 
     def ceiling(self, width: int) -> int:
@@ -61,9 +62,9 @@ class Speculation:
 
     def batch_k(self, width: int) -> int:
         """Drafts this speculative batch round (the plan said speculate: at least one)."""
-        if self.choice is not None and self.choice.k > 0:
-            return self.choice.k
-        return max(1, self.ceiling(width))
+        k = self.choice.k if self.choice is not None and self.choice.k > 0 else max(1, self.ceiling(width))
+        self._asked = k
+        return k
 
     def observe(self, kind: Round, width: int, t0: float, results: list, scalar_k: int | None,
                 steady: bool = True) -> None:
@@ -76,17 +77,22 @@ class Speculation:
         self._pending = None
         if kind is Round.NONE or width < 1:
             return
+        # The round counts under the K it was asked for, not the drafts it got: a drafter that
+        # finds fewer (prompt lookup with no match) makes choosing K buy less, and that is what the
+        # control must measure (its time and tokens per round); keyed by the drafts got, a K=3
+        # choice whose rows drafted one token each was credited K=3's modelled 4 tokens a round.
+        drafted = max((r.drafted for r in results), default=0)
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
             k = scalar_k or 0
         else:
-            k = max((r.drafted for r in results), default=0) if kind is Round.SPECULATIVE else 0
+            k = self._asked if kind is Round.SPECULATIVE else 0
         if self.control is None:  # a plain engine's rounds still teach the others on this target
             if self.drafter is None and kind in _TIMED and steady:
                 self._pending = (width, 0, t0)
             return
-        if k > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
+        if drafted > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
             return  # round): neither its time nor its acceptance says what the model's drafter buys
-        self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results])
+        self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results], steady and kind in _TIMED)
         if kind in _TIMED and steady:
             self._pending = (width, k, t0)
 

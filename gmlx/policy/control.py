@@ -164,5 +164,6 @@ class Controller:
         """A copy of this width's recent acceptance: a new lone request starts from it."""
         return self.at(width).acceptance.copy()
 
-    def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]]) -> None:
-        self.at(width).observe(k, seconds, rows, lambda: self._nearest_timed(bucket(width)) is not None)
+    def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]],
+                steady: bool = True) -> None:
+        self.at(width).observe(k, seconds, rows, lambda: self._nearest_timed(bucket(width)) is not None, steady)

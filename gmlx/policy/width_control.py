@@ -194,13 +194,18 @@ class WidthControl:
             self.since_pair, self.refresh_after = 0, max(self.refresh_after, REFRESH_FIRST)
 
     def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]],
-                ratio_lent: Callable[[], bool] = lambda: False) -> None:
-        """A round ran at this width with k drafts (0: plain) in `seconds` (None: not a steady-state
-        round, e.g. a capture round); `rows`: (drafted, accepted) per row. `ratio_lent()`: whether
-        another width has both times (asked only when the plain window would start)."""
+                ratio_lent: Callable[[], bool] = lambda: False, steady: bool = True) -> None:
+        """A round ran at this width with k drafts (0: plain) in `seconds` (None: timed later, or
+        not a steady-state round, e.g. a capture round); `rows`: (drafted, accepted) per row.
+        `ratio_lent()`: whether another width has both times (asked only when the plain window
+        would start). `steady`: no admission or transition just before it — only such rounds
+        count in the tokens per round, as only they count in the times: right after an admission
+        the new rows' drafters have little history (prompt lookup finds no loop yet), and a K
+        measured only there (the micro model's K=3: 1.5 tokens a round there, 3.8 later) was
+        never tried again."""
         if seconds is not None:
             self.add_time(k, seconds)
-        if k and rows:
+        if k and rows and steady:
             self.spec.add_tokens(k, sum(min(a, d) + 1 for d, a in rows) / len(rows))
         for drafted, accepted in rows:
             self.acceptance.record(drafted, accepted)
