@@ -27,6 +27,11 @@ doubt to plain (never lose): speculation is left once predicted under STAY (afte
 rounds), entered only when predicted MARGIN better and above 1 by more than Z standard errors
 of its measured figures (the paired ratio or two period medians, the tokens per round); a try
 (a new width's first, an exploration) stays after MIN_EVIDENCE rounds only if it passes that.
+A K not measured lately (untried, or not run for RETRY_AFTER speculative rounds) is measured for a
+few rounds when its hope — its deeper draft positions credited as if they always agreed once
+reached — could come within TRY_WITHIN of the best: the geometric model errs low for a head whose
+later drafts agree once the first does (SmolLM2's EAGLE-3 head: K=3 was never run while it was
+the best fixed K), and a few unlucky rounds must not shelve a K for good.
 
 Keeping the estimates fresh at a bounded cost: a width decided plain tries speculation again
 after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
@@ -63,11 +68,12 @@ import weakref
 from gmlx.policy.costs import Costs
 from gmlx.policy.figures import PRIOR_WEIGHT, Acceptance, Choice, Times, bucket, owner
 from gmlx.policy.width_control import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
-                                       REFRESH_WINDOW, TRY_WITHIN, WidthControl)
+                                       REFRESH_WINDOW, RETRY_AFTER, TRY_WITHIN, WidthControl)
 
 # The rule's figures are named here with it (the per-width arithmetic is gmlx/policy/width_control.py).
 __all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "REFRESH_FIRST", "REFRESH_MAX", "REFRESH_WINDOW",
-           "TRY_WITHIN", "Acceptance", "Choice", "Controller", "WidthControl", "bucket", "forget", "record_plain"]
+           "RETRY_AFTER", "TRY_WITHIN", "Acceptance", "Choice", "Controller", "WidthControl", "bucket", "forget",
+           "record_plain"]
 
 # Figures learnt in this process, shared by every engine on the same target: plain round times per
 # target, speculative ones per (target, drafter kind) — a new engine starts from what earlier ones

@@ -19,6 +19,7 @@ PLAIN_WINDOW = 5  # plain rounds a speculating width runs when nothing pairs its
 PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
 REFRESH_WINDOW = 3  # plain rounds of a refresh of the pairs while speculating ...
 REFRESH_FIRST, REFRESH_MAX = 64, 512  # ... after this many speculative rounds without a pair (doubling)
+RETRY_AFTER = 64  # speculative rounds at other K's after which a K's figures are stale (measured again if it may win)
 
 
 class WidthControl:
@@ -32,6 +33,7 @@ class WidthControl:
         self.plain_run = 0  # consecutive plain rounds while the choice is plain
         self.explore_after = EXPLORE_FIRST
         self.spec_rounds = 0
+        self.last_run: dict[int, int] = {}  # k -> spec_rounds when it last ran here
         self.plain_window = 0  # plain rounds still owed to a window (figures.Pairs: its rounds pair)
         self.pairs = Pairs()  # T(k) / T(0) from periods timed close together (figures.Pairs)
         self.since_pair = 0  # speculative rounds since the last pair
@@ -89,12 +91,13 @@ class WidthControl:
         return None, ""
 
     def gain(self, k: int, costs: Costs, acc: Acceptance, nearby: "WidthControl | None" = None,
-             pooled: Acceptance | None = None, lone: bool = False) -> tuple[float, bool]:
+             pooled: Acceptance | None = None, lone: bool = False, hope: bool = False) -> tuple[float, bool]:
         """k's predicted gain over plain at acceptance `acc`, and whether its cost relative to plain
         is measured here. `pooled`: the width's acceptance when `acc` is one request's own (the
         lone request): the measured tokens per round, pooled over requests, scale by the tokens
         expected at its acceptance over those at the pool's — a chat request that accepts little
-        is not credited with a code request's rounds."""
+        is not credited with a code request's rounds. `hope`: where k's tokens per round are not
+        measured, the most its deeper positions could accept (`Acceptance.emitted`), for a try."""
         if k == 0:
             return 1.0, True
         r, src = self.ratio(k, costs, lone)
@@ -108,11 +111,11 @@ class WidthControl:
             t0, tk, measured = self.times(k, costs, nearby)
             r = tk / t0 if t0 is not None else None
         if r is None:  # nothing measured anywhere: the cost model alone
-            return acc.emitted(k) / costs.round_cost(k), False
-        seen = self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's
+            return acc.emitted(k, hope) / costs.round_cost(k), False
+        seen = None if hope else self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's
         if seen is not None and pooled is not None:
             seen *= acc.emitted(k) / pooled.emitted(k)
-        return (seen if seen is not None else acc.emitted(k)) / r, measured
+        return (seen if seen is not None else acc.emitted(k, hope)) / r, measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
                nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
@@ -154,11 +157,14 @@ class WidthControl:
                 and not trusted and room:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
         elif best == 0 and cur == 0 and best_spec and self.plain_run >= self.explore_after and room:
-            best = best_spec
+            hopes = self._hopes(max_k, costs, acc, ratio, pooled, lone, drains)  # an untried K may be the one
+            best = self._retry(max(hopes, key=lambda k: (hopes[k], -k))) if hopes and max(hopes.values()) > \
+                gains[best_spec] else best_spec
             self.explore_after = min(EXPLORE_MAX, self.explore_after * 2)
             self.exploring = True
         elif best > 0 and best == argmax and gains[best] > 1.0:
-            best = self._neighbour_to_try(best, max_k, gains)
+            best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, pooled, lone,
+                                                                          drains))
         if cur is None or (best == 0) != (cur == 0):
             self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring)
             if best > 0 and cur == 0 and not self.exploring:
@@ -173,14 +179,30 @@ class WidthControl:
                       self.exploring, best_spec=alt, from_width=nearby[0] if near is not None and not src else None,
                       doubt=doubt, drain=drains[best or best_spec], ratio=r, probe=src == "probe")
 
-    def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float]) -> int:
-        """The k nearest the best that has fewer than MIN_SAMPLES rounds measured and is predicted
-        within TRY_WITHIN of the best and not a loss: a few rounds measure it instead of trusting the cost
-        model's ratio (one probe at width 1; a deep draft position agrees less than the geometric
-        model says), so every plausible k up to the ceiling is soon a measurement."""
-        untried = [k for k in range(1, max_k + 1) if k != best and len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
-                   and gains[k] >= max(1.0, TRY_WITHIN * gains[best])]
-        return min(untried, key=lambda k: (abs(k - best), -k)) if untried else best
+    def _hopes(self, max_k: int, costs: Costs, acc: Acceptance, nearby, pooled, lone: bool,
+               drains: dict[int, float]) -> dict[int, float]:
+        """The gain each k not measured lately could have — untried (fewer than MIN_SAMPLES rounds
+        timed), or stale (not run for RETRY_AFTER speculative rounds: a few unlucky rounds must not
+        shelve a K for good) — its deeper draft positions credited as if they always agreed once
+        reached (`Acceptance.emitted`), its tokens per round from the acceptance, not its old rounds."""
+        return {k: self.gain(k, costs, acc, nearby, pooled, lone, hope=True)[0] * drains[k]
+                for k in range(1, max_k + 1) if len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
+                or self.spec_rounds - self.last_run.get(k, 0) > RETRY_AFTER}
+
+    def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float], hopes: dict[int, float]) -> int:
+        """The k nearest the best that is untried and could be within TRY_WITHIN of the best and
+        not a loss (its hope): a few rounds measure it instead of trusting the cost model's ratio
+        (one probe at width 1) or the geometric model (a deep draft position may agree more, or
+        less, than the first), so every plausible k up to the ceiling is soon a measurement."""
+        untried = [k for k, h in hopes.items() if k != best and h >= max(1.0, TRY_WITHIN * gains[best])]
+        return self._retry(min(untried, key=lambda k: (abs(k - best), -k))) if untried else best
+
+    def _retry(self, k: int) -> int:
+        """k is measured afresh: its old periods and tokens per round go (its paired ratio stays)."""
+        if len(self.spec.by_k.get(k, ())) >= MIN_SAMPLES:
+            self.spec.by_k.pop(k, None)
+            self.spec.tokens.pop(k, None)
+        return k
 
     def add_time(self, k: int, seconds: float) -> None:
         """A steady round's period at this width with k drafts (0: plain)."""
@@ -216,6 +238,7 @@ class WidthControl:
         else:
             self.plain_run = 0
             self.spec_rounds += 1
+            self.last_run[k] = self.spec_rounds
             self.since_pair += 1
             if self.plain_window == 0 and self.since_pair >= self.refresh_after:
                 # No pair for a while: a few plain rounds pair with the speculative ones around
