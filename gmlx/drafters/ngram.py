@@ -7,8 +7,8 @@ editing code, lists, structured data).
 Matching, per row and round: for n from n_max down to n_min, the first n whose suffix occurred
 earlier wins (longest first), at its most recent occurrence; the drafts are the k tokens that
 followed it, the span repeated where the history ends sooner (a loop: `lookup`). A row whose
-suffix never occurred drafts nothing that round (`draft_lengths`: 0 for that row; the lanes verify only the columns some row
-drafted and accept at most each row's own count).
+suffix never occurred drafts nothing that round (`draft_lengths`: 0 for that row; the lanes
+verify only the columns some row drafted and accept at most each row's own count).
 
 State per row: its sequence (the prompt and every verified token; the last is the pending bonus,
 the drafts follow it) and an index from each n-gram to the position of the token after its most
