@@ -74,6 +74,45 @@ def test_speculation_stays_while_it_pays():
     assert c.k > 0 and c.gain > 1.5 and c.measured and ctl.switches == 0
 
 
+def test_a_settled_choice_is_decided_afresh_every_few_rounds_and_a_change_is_seen_within_them(monkeypatch):
+    """Once settled, a width's choice is reused by the same caller for DECIDE_EVERY - 1 rounds (the
+    arithmetic is a few % of a short round); a try, a window or a new caller decides every time."""
+    ctl = fresh()
+    feed(ctl, 1, 0, 0.010, accepted=0, n=5)
+    for _ in range(20):
+        c = ctl.choose(1, 3)
+        feed(ctl, 1, c.k, 0.012 if c.k else 0.010, accepted=c.k)
+    assert c.k > 0 and ctl.at(1).settled()
+    decided = []
+    real = control.WidthControl.choose
+    monkeypatch.setattr(control.WidthControl, "choose", lambda self, *a, **kw: decided.append(1) or real(self, *a, **kw))
+    for _ in range(4 * control.DECIDE_EVERY):
+        assert ctl.choose(1, 3).k == c.k
+        feed(ctl, 1, c.k, 0.012, accepted=c.k)
+    assert len(decided) == 4
+    ctl.choose(1, 2)  # another ceiling (another caller): decided now
+    ctl.choose(1, 3, Acceptance())  # a request's own acceptance: decided now
+    assert len(decided) == 6
+    # speculation stops paying (every draft rejected, rounds 3x plain's): plain within DECIDE_EVERY
+    # rounds of the first that could show it, as if decided every round
+    for n in range(1, 40):
+        c = ctl.choose(1, 3)
+        if c.k == 0:
+            break
+        feed(ctl, 1, c.k, 0.030, accepted=0)
+    monkeypatch.setattr(control, "DECIDE_EVERY", 1)
+    ref = fresh()
+    feed(ref, 1, 0, 0.010, accepted=0, n=5)
+    for _ in range(20 + 4 * 4):
+        r = ref.choose(1, 3)
+        feed(ref, 1, r.k, 0.012 if r.k else 0.010, accepted=r.k)
+    for m in range(1, 40):
+        if ref.choose(1, 3).k == 0:
+            break
+        feed(ref, 1, 3, 0.030, accepted=0)
+    assert c.k == 0 and m <= n < m + 4, (m, n)
+
+
 def settled(choice: int, spec_periods: list[float], width=2) -> Controller:
     """Width 2 with figures measured: plain rounds 10 ms; K=1 rounds at the given periods, each
     emitting 1.5 tokens per row (one row accepts its draft, one does not); `choice` in force for

@@ -1,5 +1,6 @@
 """The online control's records (gmlx/policy/control.py): width buckets, the acceptance estimate,
-recent round periods and tokens per K, and a choice with its reason. Pure host arithmetic."""
+recent round periods and tokens per K, the paired cost ratios (the choice with its reason:
+choice.py). Pure host arithmetic."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Acceptance:
     rounds: int = 0
     decay: float = DECAY  # per round (1.0: every round counts alike)
     depth: list = field(default_factory=list)  # per position d: [accepted, reached]
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # emitted(k, hope) until the next round
 
     @property
     def alpha(self) -> float:
@@ -61,6 +63,7 @@ class Acceptance:
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted:
+            self.memo.clear()
             self.successes = self.successes * self.decay + accepted
             self.failures = self.failures * self.decay + (accepted < drafted)
             self.rounds += 1
@@ -85,12 +88,15 @@ class Acceptance:
         geometric model errs low for an EAGLE-3 head: on SmolLM2 float32 a K=1 round accepted
         37 % of its drafts and a K=3 round 0.96 drafts (1.96 tokens, where alpha 0.37 says 1.56),
         so the control, predicting K=3 below K=1, never ran it while fixed K=3 was the best arm."""
+        if (k, hope) in self.memo:
+            return self.memo[k, hope]
         a, run, total = self.alpha, 1.0, 1.0
         for d in range(k):
             hit, reached = self.depth[d] if d < len(self.depth) else (0.0, 0.0)
             a = (hit + PRIOR_WEIGHT * (1.0 if hope and d else a)) / (reached + PRIOR_WEIGHT)
             run *= a
             total += run
+        self.memo[k, hope] = total
         return total
 
     def copy(self) -> "Acceptance":
@@ -105,31 +111,57 @@ class Times:
 
     by_k: dict[int, deque] = field(default_factory=dict)
     tokens: dict[int, deque] = field(default_factory=dict)
+    # Figures derived per k, kept until k's next round: the control asks for them many times a
+    # step (each K's gain, the doubt, the hopes), and on a 2-4 ms round its arithmetic was ~7 %.
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, k: int, seconds: float) -> None:
         self.by_k.setdefault(k, deque(maxlen=WINDOW)).append(seconds)
+        self.memo.pop(("median", k), None)
+        self.memo.pop(("period_error", k), None)
 
     def add_tokens(self, k: int, per_row: float) -> None:
         self.tokens.setdefault(k, deque(maxlen=2 * WINDOW)).append(per_row)
+        self.memo.pop(("tokens", k), None)
+        self.memo.pop(("tokens_error", k), None)
+
+    def forget(self, k: int) -> None:
+        """Drop k's periods and tokens per round (it is measured afresh)."""
+        self.by_k.pop(k, None)
+        self.tokens.pop(k, None)
+        for key in [key for key in self.memo if key[1] == k]:
+            del self.memo[key]
 
     def tokens_per_round(self, k: int) -> float | None:
-        d = self.tokens.get(k)
-        return sum(d) / len(d) if d is not None and len(d) >= MIN_SAMPLES else None
+        if ("tokens", k) not in self.memo:
+            d = self.tokens.get(k)
+            self.memo["tokens", k] = sum(d) / len(d) if d is not None and len(d) >= MIN_SAMPLES else None
+        return self.memo["tokens", k]
 
     def median(self, k: int) -> float | None:
-        d = self.by_k.get(k)
-        return statistics.median(d) if d is not None and len(d) >= MIN_SAMPLES else None
+        if ("median", k) not in self.memo:
+            d = self.by_k.get(k)
+            self.memo["median", k] = statistics.median(d) if d is not None and len(d) >= MIN_SAMPLES else None
+        return self.memo["median", k]
 
     def errors(self, k: int) -> tuple[float, float]:
         """Relative standard errors of k's median period and (k >= 1) of its mean tokens per row
         and round; 0 where fewer than MIN_SAMPLES rounds (nothing to say the spread from)."""
-        d, t = self.by_k.get(k, ()), self.tokens.get(k, ())
-        period = 0.0
-        if len(d) >= MIN_SAMPLES:  # the median's error from the MAD (robust to the VM's spikes)
-            med = statistics.median(d)
-            period = 1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d) / (med * math.sqrt(len(d)))
-        tokens = statistics.stdev(t) / (statistics.fmean(t) * math.sqrt(len(t))) if len(t) >= MIN_SAMPLES else 0.0
-        return period, tokens
+        if ("period_error", k) not in self.memo:  # the median's error from the MAD (robust to the VM's spikes)
+            d, med = self.by_k.get(k, ()), self.median(k)
+            self.memo["period_error", k] = (1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d)
+                                            / (med * math.sqrt(len(d))) if med is not None else 0.0)
+        if ("tokens_error", k) not in self.memo:  # plain float arithmetic: statistics.stdev is exact (slow)
+            t = self.tokens.get(k, ())
+            self.memo["tokens_error", k] = _sd(t) / (sum(t) / len(t) * math.sqrt(len(t))) \
+                if len(t) >= MIN_SAMPLES else 0.0
+        return self.memo["period_error", k], self.memo["tokens_error", k]
+
+
+def _sd(xs) -> float:
+    """The sample standard deviation."""
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
 @dataclass
@@ -228,45 +260,3 @@ def steady_rate(width: int, periods: list[float], tokens_per_row: list[float]) -
     if len(periods) < MIN_SAMPLES or not tokens_per_row:
         return None
     return width * (sum(tokens_per_row) / len(tokens_per_row)) / statistics.median(periods)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What the control runs at a width, and why (said to the user: generate, bench, serve)."""
-
-    k: int  # 0: plain
-    gain: float  # predicted tokens/s relative to plain decoding (1.0 for plain)
-    alpha: float
-    plain_s: float | None  # the plain round time used (measured or derived)
-    round_s: float | None  # the chosen k's round time (measured or derived); None: plain
-    measured: bool  # both times measured here (not the cost model's figures)
-    exploring: bool = False
-    window: bool = False  # a plain round of the once-only plain measurement (speculation stays chosen)
-    best_spec: tuple[int, float] | None = None  # the best K >= 1 and its predicted gain (why plain)
-    from_width: int | None = None  # nothing measured here: predicted from that width's round times
-    doubt: float = 0.0  # the best K's predicted gain's relative standard error (measured figures)
-    drain: float = 1.0  # the share of the steady gain left once the draining batch's tail is charged
-    ratio: float | None = None  # the chosen k's T(k) / T(0) from pairs (see Pairs) or the load probe
-    probe: bool = False  # the lone request's T(k) / T(0) from the load probe (nothing paired yet)
-
-    @property
-    def reason(self) -> str:
-        src = ("measured" if self.measured else f"width {self.from_width}'s round times" if self.from_width
-               else "load probe's round costs" if self.probe else "cost model")
-        if self.drain < 0.995:  # the rows' budgets end together: speculating spreads their finish
-            src += f", rows finishing apart cost {100 * (1 - self.drain):.0f} %"
-        if self.window:
-            return "measuring plain rounds beside speculative ones at this width (their costs paired)"
-        if self.exploring:
-            return f"trying K={self.k} again (plain for a while; acceptance {self.alpha:.2f})"
-        if self.k == 0:
-            alt = ""
-            if self.best_spec:
-                k, g = self.best_spec
-                noise = f" ± {g * self.doubt:.2f} (within noise)" if g >= 1.0 and self.doubt else ""
-                alt = f"best K={k} predicted {g:.2f}x{noise}, "
-            return f"plain: {alt}acceptance {self.alpha:.2f} ({src})"
-        times = (f", round {self.ratio:.2f}x a plain one's{'' if self.probe else ', paired'}" if self.ratio else
-                 f", round {1e3 * self.round_s:.1f} ms vs plain {1e3 * self.plain_s:.1f} ms"
-                 if self.round_s and self.plain_s else "")
-        return f"K={self.k}: {self.gain:.2f}x predicted ({src}{times}, acceptance {self.alpha:.2f})"

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
-from gmlx.policy.figures import (MIN_SAMPLES, STAY, Acceptance, Choice, Pairs, Times, gain_doubt, surely_pays)
+from gmlx.policy.choice import Choice
+from gmlx.policy.figures import MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
 
 TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
 TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
@@ -30,6 +31,7 @@ class WidthControl:
         self.acceptance = Acceptance()
         self.current: int | None = None  # the k in force (None: not decided yet)
         self.rounds_in_choice = 0
+        self.rounds = 0  # rounds observed here
         self.plain_run = 0  # consecutive plain rounds while the choice is plain
         self.explore_after = EXPLORE_FIRST
         self.spec_rounds = 0
@@ -40,6 +42,12 @@ class WidthControl:
         self.refresh_after = PLAIN_CHECK_AFTER
         self.exploring = False
         self.tentative = False  # speculation tried (first, or exploring), not yet sure to pay
+
+    def settled(self) -> bool:
+        """Whether the choice in force has held MIN_EVIDENCE rounds with no try, exploration or
+        plain window pending (the Controller may then reuse it for a few rounds)."""
+        return (self.current is not None and self.rounds_in_choice >= MIN_EVIDENCE and not self.tentative
+                and not self.exploring and self.plain_window == 0)
 
     def times(self, k: int, costs: Costs, near: "WidthControl | None" = None) -> tuple[float | None, float | None, bool]:
         """(plain seconds, k's seconds, both measured): medians where measured, else derived
@@ -200,8 +208,7 @@ class WidthControl:
     def _retry(self, k: int) -> int:
         """k is measured afresh: its old periods and tokens per round go (its paired ratio stays)."""
         if len(self.spec.by_k.get(k, ())) >= MIN_SAMPLES:
-            self.spec.by_k.pop(k, None)
-            self.spec.tokens.pop(k, None)
+            self.spec.forget(k)
         return k
 
     def add_time(self, k: int, seconds: float) -> None:
@@ -232,6 +239,7 @@ class WidthControl:
         for drafted, accepted in rows:
             self.acceptance.record(drafted, accepted)
         self.rounds_in_choice += 1
+        self.rounds += 1
         if k == 0:
             self.plain_run += 1
             self.plain_window = max(0, self.plain_window - 1)
