@@ -87,47 +87,52 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--arms", default=",".join(ARMS), help="a subset of the arms (plain and default always run)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
+    arms = [arm for arm in ARMS if arm in {"plain", "default", *a.arms.split(",")}]
+    fixed = [arm for arm in arms if arm in FIXED]
     cs = [int(x) for x in a.concurrency.split(",")]
     result = {"machine": describe(), "command": command_line("bench_control.py", a), "cells": []}
     for name in a.models.split(","):
         lm = model(name)
         prompts = [lm.tokenizer.encode(p) for p in load_prompts()][: a.prompts]
-        for arm in ARMS:  # warm-up: kernels, the probe, the allocator
+        for arm in arms:  # warm-up: kernels, the probe, the allocator
             closed_loop(lm, arm, prompts[:2], 2, 8)
         for c in cs:
-            reps = {arm: [] for arm in ARMS}
+            reps = {arm: [] for arm in arms}
             for rep in range(a.repeats):
-                for arm in (list(ARMS) if rep % 2 == 0 else list(reversed(ARMS))):
+                for arm in (arms if rep % 2 == 0 else arms[::-1]):
                     r = closed_loop(lm, arm, prompts, c, a.max_tokens)
                     reps[arm].append(r)
                     print(f"{name} c={c} rep {rep} {arm:8s} {r['tok_s']:7.1f} tok/s acc {r['acc']} drafting"
                           f" {r['spec_share']:.0%} of rounds  {r['speculation']}",
                           flush=True)
             cell = {"model": name, "c": c,
-                    **{f"{arm}_tok_s": statistics.median(r["tok_s"] for r in reps[arm]) for arm in ARMS},
+                    **{f"{arm}_tok_s": statistics.median(r["tok_s"] for r in reps[arm]) for arm in arms},
                     "default_vs_plain": statistics.median(d["tok_s"] / p["tok_s"] for d, p in zip(reps["default"], reps["plain"])),
-                    "static_vs_plain": statistics.median(s["tok_s"] / p["tok_s"] for s, p in zip(reps["static"], reps["plain"])),
+                    "static_vs_plain": statistics.median(s["tok_s"] / p["tok_s"] for s, p in zip(reps["static"], reps["plain"]))
+                    if "static" in reps else None,
                     # the best fixed arm is the one with the best median; the ratio is the median of
                     # per-repeat ratios to it (the max over five noisy arms per repeat would be biased)
-                    "best_fixed": (best := max(FIXED, key=lambda arm: statistics.median(r["tok_s"] for r in reps[arm]))),
+                    "best_fixed": (best := max(fixed, key=lambda arm: statistics.median(r["tok_s"] for r in reps[arm]))),
                     "default_vs_best_fixed": statistics.median(
                         d["tok_s"] / b["tok_s"] for d, b in zip(reps["default"], reps[best])),
                     "default_speculation": reps["default"][-1]["speculation"],
                     # the decision run to run: the share of the default arm's rounds that drafted, per repeat
                     "default_spec_share": [r["spec_share"] for r in reps["default"]], "reps": reps}
             result["cells"].append(cell)
-            print(f"== {name} c={c}: default/plain {cell['default_vs_plain']:.2f}  static/plain {cell['static_vs_plain']:.2f}"
-                  f"  default/best {cell['default_vs_best_fixed']:.2f}", flush=True)
+            print(f"== {name} c={c}: default/plain {cell['default_vs_plain']:.2f}  default/best"
+                  f" {cell['default_vs_best_fixed']:.2f} ({best})", flush=True)
     path = write_result(a.out, "control", result)
     lines = ["| model | c | plain tok/s | default tok/s | static tok/s | k1 / k2 / k3 tok/s | best fixed | default/plain"
              " | static/plain | default/best fixed | default's rounds drafting, per repeat |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in result["cells"]:
-        ks = " / ".join(f"{x[f'k{k}_tok_s']:.1f}" for k in (1, 2, 3))
-        lines.append(f"| {x['model']} | {x['c']} | {x['plain_tok_s']:.1f} | {x['default_tok_s']:.1f} | {x['static_tok_s']:.1f}"
-                     f" | {ks} | {x['best_fixed']} | {x['default_vs_plain']:.2f} | {x['static_vs_plain']:.2f}"
+        ks = " / ".join(f"{x[f'k{k}_tok_s']:.1f}" if f"k{k}_tok_s" in x else "-" for k in (1, 2, 3))
+        static = (f"{x['static_tok_s']:.1f}", f"{x['static_vs_plain']:.2f}") if "static" in arms else ("-", "-")
+        lines.append(f"| {x['model']} | {x['c']} | {x['plain_tok_s']:.1f} | {x['default_tok_s']:.1f} | {static[0]}"
+                     f" | {ks} | {x['best_fixed']} | {x['default_vs_plain']:.2f} | {static[1]}"
                      f" | {x['default_vs_best_fixed']:.2f} | {' '.join(f'{v:.0%}' for v in x['default_spec_share'])} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
