@@ -84,12 +84,15 @@ __all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "REFRESH_FIRST", "RE
 # continues from the process's last decision instead of starting cold.
 _plain: "weakref.WeakKeyDictionary[object, dict[int, Times]]" = weakref.WeakKeyDictionary()
 _spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKeyDictionary()
-# A choice settled at a width (held MIN_EVIDENCE rounds, no try or plain window pending) is
-# decided afresh every DECIDE_EVERY rounds there while the same caller asks, and reused between: deciding is ~0.15 ms of host arithmetic, ~5 % of the micro model's 3 ms round; a switch
-# it would make comes at most DECIDE_EVERY - 1 rounds later (a window or try is never delayed:
-# the rounds counted in `observe` start them, and an unsettled width decides every round).
-DECIDE_EVERY = 4
 _widths: "weakref.WeakKeyDictionary[object, dict[tuple, WidthControl]]" = weakref.WeakKeyDictionary()
+
+
+# A choice settled at a width (held MIN_EVIDENCE rounds, no try or plain window pending) is
+# decided afresh every DECIDE_EVERY rounds there while the same caller asks, and reused between:
+# deciding is ~0.15 ms of host arithmetic, ~5 % of the micro model's 3 ms round. A switch it would
+# make comes at most DECIDE_EVERY - 1 rounds later (a window or a try is never delayed: the rounds
+# counted in `observe` start them, and an unsettled width decides every round).
+DECIDE_EVERY = 4
 
 
 def record_plain(target: object, width: int, seconds: float) -> None:
