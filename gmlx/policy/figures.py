@@ -113,49 +113,49 @@ class Times:
     tokens: dict[int, deque] = field(default_factory=dict)
     # Figures derived per k, kept until k's next round: the control asks for them many times a
     # step (each K's gain, the doubt, the hopes), and on a 2-4 ms round its arithmetic was ~7 %.
-    memo: dict = field(default_factory=dict, repr=False, compare=False)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # k -> {figure: value}
 
     def add(self, k: int, seconds: float) -> None:
         self.by_k.setdefault(k, deque(maxlen=WINDOW)).append(seconds)
-        self.memo.pop(("median", k), None)
-        self.memo.pop(("period_error", k), None)
+        self.memo.pop(k, None)
 
     def add_tokens(self, k: int, per_row: float) -> None:
         self.tokens.setdefault(k, deque(maxlen=2 * WINDOW)).append(per_row)
-        self.memo.pop(("tokens", k), None)
-        self.memo.pop(("tokens_error", k), None)
+        self.memo.pop(k, None)
 
     def forget(self, k: int) -> None:
         """Drop k's periods and tokens per round (it is measured afresh)."""
         self.by_k.pop(k, None)
         self.tokens.pop(k, None)
-        for key in [key for key in self.memo if key[1] == k]:
-            del self.memo[key]
+        self.memo.pop(k, None)
+
+    def _kept(self, k: int, name: str, compute):
+        figures = self.memo.setdefault(k, {})
+        if name not in figures:
+            figures[name] = compute()
+        return figures[name]
 
     def tokens_per_round(self, k: int) -> float | None:
-        if ("tokens", k) not in self.memo:
-            d = self.tokens.get(k)
-            self.memo["tokens", k] = sum(d) / len(d) if d is not None and len(d) >= MIN_SAMPLES else None
-        return self.memo["tokens", k]
+        d = self.tokens.get(k, ())
+        return self._kept(k, "tokens", lambda: sum(d) / len(d) if len(d) >= MIN_SAMPLES else None)
 
     def median(self, k: int) -> float | None:
-        if ("median", k) not in self.memo:
-            d = self.by_k.get(k)
-            self.memo["median", k] = statistics.median(d) if d is not None and len(d) >= MIN_SAMPLES else None
-        return self.memo["median", k]
+        d = self.by_k.get(k, ())
+        return self._kept(k, "median", lambda: statistics.median(d) if len(d) >= MIN_SAMPLES else None)
 
     def errors(self, k: int) -> tuple[float, float]:
         """Relative standard errors of k's median period and (k >= 1) of its mean tokens per row
         and round; 0 where fewer than MIN_SAMPLES rounds (nothing to say the spread from)."""
-        if ("period_error", k) not in self.memo:  # the median's error from the MAD (robust to the VM's spikes)
-            d, med = self.by_k.get(k, ()), self.median(k)
-            self.memo["period_error", k] = (1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d)
-                                            / (med * math.sqrt(len(d))) if med is not None else 0.0)
-        if ("tokens_error", k) not in self.memo:  # plain float arithmetic: statistics.stdev is exact (slow)
-            t = self.tokens.get(k, ())
-            self.memo["tokens_error", k] = _sd(t) / (sum(t) / len(t) * math.sqrt(len(t))) \
-                if len(t) >= MIN_SAMPLES else 0.0
-        return self.memo["period_error", k], self.memo["tokens_error", k]
+        return self._kept(k, "errors", lambda: self._errors(k))
+
+    def _errors(self, k: int) -> tuple[float, float]:
+        d, t, med = self.by_k.get(k, ()), self.tokens.get(k, ()), self.median(k)
+        # the median's error from the MAD (robust to the VM's spikes)
+        period = (1.2533 * 1.4826 * statistics.median(abs(x - med) for x in d) / (med * math.sqrt(len(d)))
+                  if med is not None else 0.0)
+        # plain float arithmetic: statistics.stdev is exact (slow)
+        tokens = _sd(t) / (sum(t) / len(t) * math.sqrt(len(t))) if len(t) >= MIN_SAMPLES else 0.0
+        return period, tokens
 
 
 def _sd(xs) -> float:
