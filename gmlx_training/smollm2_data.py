@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--aux", action="store_true", help="also store the streams an EAGLE-3 head reads")
     ap.add_argument("--model", choices=("smollm2", "embedded"), default="smollm2",
                     help="the target: SmolLM2's fp32 conversion, or the embedded default model (code only)")
+    ap.add_argument("--general", action="store_true", help="add general chat prompts (gmlx_training/chat_topics.py)")
     ap.add_argument("--files", type=int, default=400, help="standard-library files per split prompts are cut from")
     a = ap.parse_args(argv)
     mx.random.seed(a.seed)
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     target, eos = lm.target, lm.eos_ids
     target.model.freeze()
     taps = Taps(target, a.aux)
-    prompts = build(a.seed, a.files)
+    prompts = build(a.seed, a.files, a.general)
     kinds = ("code", "chat") if a.model == "smollm2" else ("code",)
     plan = []  # (split, kind, [ids]) batches, prompts sorted by length within a kind to limit padding
     for split in ("val", "train"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import random
 
+from gmlx_training import chat_topics
 from gmlx_training.stdlib_corpus import corpus_files, read, split_files
 
 CONCEPTS = [
@@ -97,13 +98,16 @@ def _snippets(files, rng: random.Random, count: int) -> tuple[list[str], list[st
     return code, explain, docs
 
 
-def build(seed: int = 0, files_per_split: int = 400) -> dict[str, dict[str, list[str]]]:
+def build(seed: int = 0, files_per_split: int = 400, general: bool = False) -> dict[str, dict[str, list[str]]]:
     """{"train"|"val": {"code": [raw text], "chat": [user messages]}}; val from held-out files and
-    every 10th templated instruction."""
+    every 10th templated instruction. `general` adds `chat_topics.general`'s ~400 general chat
+    prompts to the templated ones, every 10th held out too (off: the prompts of the runs before it
+    existed, unchanged; on, the held-out split's snippets differ: the longer chat list's shuffle
+    draws more from `rng`)."""
     rng = random.Random(seed)
     train_f, val_f = split_files(corpus_files())
     out = {}
-    templ = _templated(rng)
+    templ = _templated(rng) + (chat_topics.general(random.Random(seed + 1)) if general else [])
     for split, files in (("train", train_f), ("val", val_f)):
         code, explain, docs = _snippets(files, rng, files_per_split)
         mine = [p for i, p in enumerate(templ) if (i % 10 == 3) == (split == "val")]

@@ -1,0 +1,40 @@
+"""SmolLM2's drafter data prompts (gmlx_training/smollm2_prompts.py, chat_topics.py): the general
+chat prompts widen the chat side without touching what earlier runs used, and the matrix
+benchmark's own questions stay held out of training."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from gmlx_training import chat_topics
+from gmlx_training.smollm2_prompts import build
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_matrix.py"
+
+
+def _bench_asks() -> list[str]:
+    """CHAT_ASKS and CODE_ASKS as bench_matrix.py defines them (read, not imported: it loads models)."""
+    tree = ast.parse(BENCH.read_text())
+    return [s for node in tree.body if isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", "") in ("CHAT_ASKS", "CODE_ASKS")
+            for s in ast.literal_eval(node.value)]
+
+
+def test_general_prompts_add_to_the_chat_side():
+    old, new = build(3, 40), build(3, 40, general=True)
+    assert new["train"]["code"] == old["train"]["code"]
+    assert set(old["train"]["chat"]) < set(new["train"]["chat"])  # everything earlier runs asked, and more
+    added = set(new["train"]["chat"]) - set(old["train"]["chat"])
+    held = set(new["val"]["chat"]) - set(old["val"]["chat"])
+    assert len(added) > 300 and held and not added & held  # every 10th goes to the held-out split
+
+
+def test_the_benchmark_questions_are_held_out():
+    asks = _bench_asks()
+    assert len(asks) == 8
+    data = build(0, 40, general=True)
+    prompts = {p for split in data.values() for kind in split.values() for p in kind}
+    assert not prompts & set(asks)
+    words = ("vaccin", "exercise", "rainbow", "leaves")  # the chat asks' subjects
+    assert not [p for p in chat_topics.general(__import__("random").Random(1)) if any(w in p.lower() for w in words)]
