@@ -57,11 +57,27 @@ from gmlx_training.training import BudgetSchedule, batches, compiled_step  # noq
 LOG_FILE = "training_log.json"
 
 
-def windows(shards: list[dict], seq: int, depths: int, to_sub: np.ndarray) -> dict[str, np.ndarray]:
-    """Each row cut into windows of `seq` positions t, with `depths` more tokens after them."""
+def shard_kinds(dirs: list[Path], split: str) -> list[str]:
+    """Each shard's prompt kind ("code", "chat", "corpus"; "?" where its run left no log), in
+    `load_shards`' order: a data run's `data_log.json` lists its batches in the order they became
+    shards."""
+    kinds = []
+    for d in dirs:
+        log = Path(d) / "data_log.json"
+        said = [b["kind"] for b in json.loads(log.read_text())["batches"] if b["split"] == split] if log.exists() else []
+        n = len(sorted(Path(d).glob(f"{split}-*.npz")))
+        kinds += [said[i] if i < len(said) else "?" for i in range(n)]
+    return kinds
+
+
+def windows(shards: list[dict], seq: int, depths: int, to_sub: np.ndarray,
+            kinds: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Each row cut into windows of `seq` positions t, with `depths` more tokens after them;
+    `chat`: the window's row answered a chat prompt (`kinds`: each shard's)."""
     span = seq + depths
-    cols: dict[str, list] = {k: [] for k in ("aux", "x", "h", "a", "valid", "ans")}
-    for s in shards:
+    cols: dict[str, list] = {k: [] for k in ("aux", "x", "h", "a", "valid", "ans", "chat")}
+    for i, s in enumerate(shards):
+        chat = kinds is not None and kinds[i] == "chat"
         st = s["starts"]
         for r in range(len(st) - 1):
             lo, n, p = int(st[r]), int(st[r + 1] - st[r]), int(s["prompt_len"][r])
@@ -73,6 +89,7 @@ def windows(shards: list[dict], seq: int, depths: int, to_sub: np.ndarray) -> di
                 cols["a"].append(to_sub[s["argmax"][lo + j]])
                 cols["valid"].append(np.arange(w0, w0 + span) < n)
                 cols["ans"].append(np.arange(w0, w0 + seq) + 1 >= p)  # x_{t+1} was generated
+                cols["chat"].append(np.full(seq, chat))
     return {k: np.stack(v) for k, v in cols.items()}
 
 
@@ -131,10 +148,11 @@ def depth_terms(model, g, b, d: int, rows: mx.array):
 
 def agreement(model, embed, rows, val: dict, depths: int, chunk: int = 8) -> dict:
     """Teacher-forced: per depth, the head's argmax == the target's; `accept`: the mean accepted
-    length of a depths-long chain (drafts up to the first miss), all positions and answers only."""
+    length of a depths-long chain (drafts up to the first miss), all positions and answers only,
+    and answers to chat prompts and to the others (code) apart."""
     hit = np.zeros(depths)
     n = np.zeros(depths)
-    acc = acc_a = pos = pos_a = 0.0
+    acc = acc_a = pos = pos_a = acc_c = pos_c = 0.0
     for i in range(0, len(val["x"]), chunk):
         b = batch_of(val, np.arange(i, min(i + chunk, len(val["x"]))))
         run = None
@@ -147,10 +165,15 @@ def agreement(model, embed, rows, val: dict, depths: int, chunk: int = 8) -> dic
             ans = b["ans"] * b["valid"][:, 1 : 1 + ok.shape[1]]
             acc += run.sum().item()  # sync: eval metric
             acc_a += (run * ans).sum().item()  # sync: eval metric
+            acc_c += (run * ans * b["chat"]).sum().item()  # sync: eval metric
         pos += b["valid"][:, 1 : 1 + ok.shape[1]].sum().item()  # sync: eval metric
         pos_a += ans.sum().item()  # sync: eval metric
+        pos_c += (ans * b["chat"]).sum().item()  # sync: eval metric
+    by_kind = {"accept_chat": acc_c / pos_c} if pos_c else {}
+    if pos_c and pos_a > pos_c:
+        by_kind["accept_code"] = (acc_a - acc_c) / (pos_a - pos_c)
     return {**{f"t{d + 2}": hit[d] / n[d] for d in range(depths)}, "accept": acc / pos,
-            "accept_answer": acc_a / pos_a, "positions": int(pos)}
+            "accept_answer": acc_a / pos_a, **by_kind, "positions": int(pos)}
 
 
 def config_json(target, ffn: int, vocab: int, entering: tuple[int, ...]) -> dict:
@@ -205,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
         ids = draft_vocab(train_s, a.vocab, target.vocab_size)
     to_sub = np.full(target.vocab_size, -1, dtype=np.int32)
     to_sub[ids] = np.arange(len(ids), dtype=np.int32)
-    train, val = windows(train_s, a.seq, a.depths, to_sub), windows(val_s, a.seq, a.depths, to_sub)
+    train = windows(train_s, a.seq, a.depths, to_sub)
+    val = windows(val_s, a.seq, a.depths, to_sub, shard_kinds(a.data, "val"))
     del train_s, val_s
     print(f"train {int(train['valid'][:, 1:].sum()):,} positions in {len(train['x'])} windows;"
           f" val {int(val['valid'][:, 1:].sum()):,}", flush=True)

@@ -74,3 +74,29 @@ def test_batches_cover_every_example_once_per_epoch():
     draws = batches(10, 4, np.random.default_rng(0))
     seen = np.concatenate([next(draws) for _ in range(5)])  # two epochs of 10
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+
+
+def test_held_out_windows_know_their_prompt_kind(tmp_path):
+    """shard_kinds reads each shard's kind from its data run's log, so the held-out curve can
+    report chat answers apart from code; a run without a log says "?" rather than guess."""
+    import json
+
+    from gmlx_training.train_smollm2_eagle3 import shard_kinds, windows
+
+    logged, bare = tmp_path / "logged", tmp_path / "bare"
+    shards = []
+    for d, n in ((logged, 3), (bare, 1)):
+        d.mkdir()
+        for i in range(n):
+            s = {"tokens": np.arange(6, dtype=np.int32), "hidden": np.zeros((6, 4), np.float16),
+                 "argmax": np.arange(6, dtype=np.int32), "aux": np.zeros((6, 12), np.float16),
+                 "starts": np.array([0, 6]), "prompt_len": np.array([2]), "temp": np.array([0.0], np.float32)}
+            np.savez(d / f"val-{i:04d}.npz", **s)
+            shards.append(s)
+    batches = [{"split": "val", "kind": k} for k in ("code", "chat")] + [{"split": "train", "kind": "chat"},
+                                                                          {"split": "val", "kind": "code"}]
+    (logged / "data_log.json").write_text(json.dumps({"batches": batches}))
+    kinds = shard_kinds([logged, bare], "val")
+    assert kinds == ["code", "chat", "code", "?"]
+    w = windows(shards, 4, 2, np.arange(8, dtype=np.int32), kinds)
+    assert [bool(c.all()) for c in w["chat"]] == [False, True, False, False]  # one window per 6-token row
