@@ -65,7 +65,7 @@ def shard_kinds(dirs: list[Path], split: str) -> list[str]:
     for d in dirs:
         log = Path(d) / "data_log.json"
         said = [b["kind"] for b in json.loads(log.read_text())["batches"] if b["split"] == split] if log.exists() else []
-        n = len(sorted(Path(d).glob(f"{split}-*.npz")))
+        n = len(list(Path(d).glob(f"{split}-*.npz")))
         kinds += [said[i] if i < len(said) else "?" for i in range(n)]
     return kinds
 
