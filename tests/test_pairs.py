@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gmlx.policy.width_control import PLAIN_CHECK_AFTER
+from gmlx.policy.width_control import FAR, PLAIN_CHECK_AFTER, PLAIN_WINDOW
 from gmlx.policy.control import REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, Acceptance, Controller
 from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.figures import PAIR_SECONDS, PAIR_SPAN, Pairs
@@ -122,7 +122,7 @@ def test_a_speculating_width_refreshes_its_pairs_with_a_few_plain_rounds_ever_mo
             ctl.observe(2, 0, 0.010, [(0, 0)] * 2)
         else:
             since += 1
-            ctl.observe(2, c.k, 0.011, [(c.k, 1)] * 2)  # every draft accepted: K=1 pays ~1.8x
+            ctl.observe(2, c.k, 0.011, [(c.k, 1), (c.k, 0)])  # one row accepts: K=1 pays ~1.35x (< FAR)
     assert ctl.at(2).pairs.ratio(1) == pytest.approx(1.1)
     # the first window after PLAIN_CHECK_AFTER rounds (nothing paired); then every REFRESH_FIRST
     # rounds after the last pair (emitted PAIR_SPAN rounds into the speculative run), doubling
@@ -131,6 +131,27 @@ def test_a_speculating_width_refreshes_its_pairs_with_a_few_plain_rounds_ever_mo
     assert all(g <= REFRESH_MAX for g in gaps)
     plain_share = len(windows) / (REFRESH_FIRST * 8)
     assert plain_share < 0.05 and REFRESH_WINDOW == 3
+
+
+def test_a_choice_far_above_plain_skips_its_refreshes_until_it_comes_nearer():
+    """Every draft accepted, K=1 pays ~1.8x by its pairs and by the medians (>= FAR): after the
+    first window no refresh is owed — none could overturn the choice, and each costs a gate, plain
+    rounds and a resume. When the rows stop accepting half the time (~1.35x), refreshes return."""
+    ctl = Controller(_Target(), "mtp", COSTS)
+    windows, rounds = [], 0
+
+    def run(n: int, rows: list) -> None:
+        nonlocal rounds
+        for _ in range(n):
+            c = ctl.choose(2, 1)
+            windows.append(rounds) if c.window else None
+            ctl.observe(2, 0 if c.window else c.k, 0.010 if c.window else 0.011, [(0, 0)] * 2 if c.window else rows)
+            rounds += 1
+
+    run(REFRESH_FIRST * 6, [(1, 1)] * 2)
+    assert len(windows) == PLAIN_WINDOW and ctl.at(2).far and ctl.last[2].gain >= FAR  # the first window only
+    run(REFRESH_FIRST * 2, [(1, 1), (1, 0)])
+    assert not ctl.at(2).far and len(windows) > PLAIN_WINDOW and windows[-1] > REFRESH_FIRST * 6
 
 
 def test_tokens_per_round_follow_each_draft_positions_own_acceptance():

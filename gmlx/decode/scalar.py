@@ -58,7 +58,9 @@ class ScalarSeq:
 
 
 MIN_ROUNDS_TO_STOP = 8  # rounds of evidence before a request gives up on its drafter
-WINDOW_TAIL = 6  # tokens left when a lone request runs the control's plain window (its last rounds: 5 timed)
+# Tokens left when a lone request runs the control's plain window: the rounds the window owes
+# (5 the first time, 3 for a refresh), all timed, plus the switch's round, which is not.
+WINDOW_TAIL_EXTRA = 1
 
 
 def _speculates(choice) -> bool:
@@ -157,7 +159,7 @@ class ScalarLane:
         if self.control is not None and self.may_go_plain and seq.draft is not None:
             seq.choice = self.control.choose(1, seq.max_k, seq.acceptance)
             if seq.choice.window:
-                return remaining <= WINDOW_TAIL
+                return remaining <= self.control.at(1).plain_window + WINDOW_TAIL_EXTRA
             return seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP and seq.choice.k == 0
         return (self.may_go_plain and seq.draft is not None and seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP
                 and seq.acceptance.best_k(seq.max_k, self.round_costs()) == 0)

@@ -21,6 +21,12 @@ PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
 REFRESH_WINDOW = 3  # plain rounds of a refresh of the pairs while speculating ...
 REFRESH_FIRST, REFRESH_MAX = 64, 512  # ... after this many speculative rounds without a pair (doubling)
 RETRY_AFTER = 64  # speculative rounds at other K's after which a K's figures are stale (measured again if it may win)
+# A choice predicted this far above plain — by its own figures and, where both are timed here, by
+# the two medians too — is not one a plain window could overturn: a round's time drifts ~25 % from
+# one minute to the next on a shared VM, and drift moves both kinds alike. Its windows (the first
+# and the refreshes) are skipped while it stays there: each costs a gate, plain rounds and a
+# resume (a lone request decodes its last tokens plain), ~5 % of a short burst of the micro model.
+FAR = 1.5
 
 
 class WidthControl:
@@ -42,6 +48,7 @@ class WidthControl:
         self.refresh_after = PLAIN_CHECK_AFTER
         self.exploring = False
         self.tentative = False  # speculation tried (first, or exploring), not yet sure to pay
+        self.far = False  # the choice in force is predicted at least FAR (no plain window is owed)
 
     def settled(self) -> bool:
         """Whether the choice in force has held MIN_EVIDENCE rounds with no try, exploration or
@@ -179,6 +186,10 @@ class WidthControl:
                 self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
         self.current = best
         t0, tk, measured = self.times(best, costs, ratio)
+        # far: by the choice's own figures and by the medians where both are timed here; with neither
+        # pairs nor a plain median (the probe's or the cost model's ratio alone) a window still runs.
+        self.far = best > 0 and not self.tentative and gains[best] >= FAR and (
+            self._seen(best, acc, pooled) * t0 / tk >= FAR if measured else bool(self.pairs.paired()))
         if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best` (said in best_spec)
             return Choice(0, 1.0, alpha, t0, None, measured, window=True, best_spec=(best, gains[best]))
         alt = (best_spec, gains[best_spec]) if best_spec else None
@@ -186,6 +197,14 @@ class WidthControl:
         return Choice(best, gains[best], alpha, t0, tk if best else None, src == "paired" or (measured and not src),
                       self.exploring, best_spec=alt, from_width=nearby[0] if near is not None and not src else None,
                       doubt=doubt, drain=drains[best or best_spec], ratio=r, probe=src == "probe")
+
+    def _seen(self, k: int, acc: Acceptance, pooled: Acceptance | None) -> float:
+        """k's tokens per row and round: measured here (a lone request's scaled to its own
+        acceptance, see `gain`), else the acceptance's model."""
+        seen = self.spec.tokens_per_round(k)
+        if seen is None:
+            return acc.emitted(k)
+        return seen * acc.emitted(k) / pooled.emitted(k) if pooled is not None else seen
 
     def _hopes(self, max_k: int, costs: Costs, acc: Acceptance, nearby, pooled, lone: bool,
                drains: dict[int, float]) -> dict[int, float]:
@@ -252,7 +271,9 @@ class WidthControl:
                 # No pair for a while: a few plain rounds pair with the speculative ones around
                 # them. The first (nothing paired) is skipped where another width lends its ratio
                 # (a window costs a gate and a resume); then every REFRESH_FIRST rounds, doubling.
+                # None while the choice in force is predicted FAR above plain.
                 first = not self.pairs.paired()
-                self.plain_window = (0 if first and ratio_lent() else PLAIN_WINDOW if first else REFRESH_WINDOW)
+                self.plain_window = (0 if self.far or (first and ratio_lent()) else PLAIN_WINDOW if first
+                                     else REFRESH_WINDOW)
                 self.since_pair = 0
                 self.refresh_after = REFRESH_FIRST if first else min(REFRESH_MAX, 2 * self.refresh_after)
