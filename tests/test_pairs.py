@@ -179,3 +179,26 @@ def test_a_pair_resets_the_refresh_count_after_the_samples_window_is_full():
             ctl.observe(2, k, s, [(k, 1)] * 2 if k else [(0, 0)] * 2)
     assert wc.pairs.samples == 79 and len(wc.pairs.logs[1]) == 32
     assert wc.since_pair < PAIR_SPAN and wc.plain_window == 0  # reset by the last boundary's sample
+
+
+def test_the_doubt_of_a_k_scaled_from_a_paired_one_is_that_pair_and_the_two_speculative_medians():
+    """K=3 not paired, K=1 paired: K=3's ratio is K=1's pairs times T(3) / T(1) (the speculative
+    medians), so its doubt holds their errors — not the plain median's, which does not enter."""
+    from collections import deque
+
+    from gmlx.policy.figures import Times, gain_doubt
+
+    plain, spec, pairs = Times(), Times(), Pairs()
+    for i in range(16):
+        plain.add(0, 0.100 * (1.0 + (0.5 if i % 2 else -0.4)))  # a plain median spread wide
+        spec.add(1, 0.115 * (1.0 + 0.02 * (i % 3 - 1)))
+        spec.add(3, 0.140 * (1.0 + 0.02 * (i % 3 - 1)))
+        spec.add_tokens(3, 2.0 + 0.1 * (i % 2))
+    pairs.logs[1] = deque([math.log(1.15), math.log(1.16), math.log(1.14), math.log(1.15)])
+    d = gain_doubt(plain, spec, 3, pairs)
+    expected = math.sqrt(pairs.error(1) ** 2 + spec.errors(3)[0] ** 2 + spec.errors(1)[0] ** 2 + spec.errors(3)[1] ** 2)
+    assert d == pytest.approx(expected) and d < plain.errors(0)[0]
+    assert gain_doubt(plain, spec, 1, pairs) == pytest.approx(math.hypot(pairs.error(1), spec.errors(1)[1]))
+    pairs.logs.clear()  # nothing paired: the two medians
+    assert gain_doubt(plain, spec, 3, pairs) == pytest.approx(
+        math.sqrt(plain.errors(0)[0] ** 2 + spec.errors(3)[0] ** 2 + spec.errors(3)[1] ** 2))

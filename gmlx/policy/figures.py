@@ -238,17 +238,29 @@ class Pairs:
         """The k with a ratio."""
         return [k for k, d in self.logs.items() if len(d) >= MIN_PAIRS]
 
+    def nearest(self, k: int) -> int | None:
+        """The paired k nearest k (the smaller when two are as near): k's ratio comes from it."""
+        paired = self.paired()
+        return min(paired, key=lambda j: (abs(j - k), j)) if paired else None
+
 
 def gain_doubt(plain: Times, spec: Times, k: int, pairs: Pairs | None = None, probe: bool = False) -> float:
-    """The relative standard error of k's predicted gain E(k) T(0) / T(k) from the figures measured
-    (the two period medians or, where paired, the pairs' ratio; k's tokens per round; 0 for what
-    is not measured; `probe`: the ratio is the load probe's, no period enters)."""
+    """The relative standard error of k's predicted gain E(k) T(0) / T(k) from the figures measured,
+    as the ratio was formed (WidthControl.ratio): the two period medians; or, where paired, the
+    pairs' ratio — k's own, or the nearest paired j's scaled by the speculative medians T(k) / T(j)
+    (their errors, not the plain median's, which does not enter) or by the cost model (no error);
+    `probe`: the load probe's ratio, no period enters. Plus k's tokens per round; 0 for what is
+    not measured."""
     p0, _ = plain.errors(0)
     pk, tk = spec.errors(k)
+    j = pairs.nearest(k) if pairs is not None else None
     if probe:
         p0 = pk = 0.0
-    elif pairs is not None and pairs.ratio(k) is not None:
+    elif j == k:
         p0, pk = pairs.error(k), 0.0
+    elif j is not None:
+        scaled = spec.median(j) is not None and spec.median(k) is not None
+        p0, pk = pairs.error(j), math.hypot(pk, spec.errors(j)[0]) if scaled else 0.0
     return (p0 * p0 + pk * pk + tk * tk) ** 0.5
 
 

@@ -95,9 +95,8 @@ class WidthControl:
         a k not paired itself from the nearest paired k, scaled by the two speculative medians or
         the cost model), "probe" (the lone request before any pair: the load probe's costs, timed
         back to back), or (None, "") — the two medians then (`times`)."""
-        paired = self.pairs.paired()
-        if paired:
-            j = min(paired, key=lambda j: (abs(j - k), j))
+        j = self.pairs.nearest(k)
+        if j is not None:
             mj, mk = self.spec.median(j), self.spec.median(k)
             scale = mk / mj if mj and mk else costs.round_cost(k) / costs.round_cost(j)
             return self.pairs.ratio(j) * (1.0 if j == k else scale), "paired"
