@@ -126,10 +126,7 @@ class WidthControl:
             r = tk / t0 if t0 is not None else None
         if r is None:  # nothing measured anywhere: the cost model alone
             return acc.emitted(k, hope) / costs.round_cost(k), False
-        seen = None if hope else self.spec.tokens_per_round(k)  # measured tokens per row and round, else the model's
-        if seen is not None and pooled is not None:
-            seen *= acc.emitted(k) / pooled.emitted(k)
-        return (seen if seen is not None else acc.emitted(k, hope)) / r, measured
+        return (acc.emitted(k, hope) if hope else self._seen(k, acc, pooled)) / r, measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
                nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
