@@ -4,13 +4,14 @@ between minutes does not enter the control's prediction."""
 
 import math
 import random
+from collections import deque
 
 import pytest
 
 from gmlx.policy.width_control import FAR, PLAIN_CHECK_AFTER, PLAIN_WINDOW
 from gmlx.policy.control import REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, Acceptance, Controller
 from gmlx.policy.costs import Costs, emitted
-from gmlx.policy.figures import PAIR_SECONDS, PAIR_SPAN, Pairs
+from gmlx.policy.figures import PAIR_SECONDS, PAIR_SPAN, Pairs, Times, gain_doubt
 
 COSTS = Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.05)
 
@@ -144,7 +145,8 @@ def test_a_choice_far_above_plain_skips_its_refreshes_until_it_comes_nearer():
         nonlocal rounds
         for _ in range(n):
             c = ctl.choose(2, 1)
-            windows.append(rounds) if c.window else None
+            if c.window:
+                windows.append(rounds)
             ctl.observe(2, 0 if c.window else c.k, 0.010 if c.window else 0.011, [(0, 0)] * 2 if c.window else rows)
             rounds += 1
 
@@ -184,10 +186,6 @@ def test_a_pair_resets_the_refresh_count_after_the_samples_window_is_full():
 def test_the_doubt_of_a_k_scaled_from_a_paired_one_is_that_pair_and_the_two_speculative_medians():
     """K=3 not paired, K=1 paired: K=3's ratio is K=1's pairs times T(3) / T(1) (the speculative
     medians), so its doubt holds their errors — not the plain median's, which does not enter."""
-    from collections import deque
-
-    from gmlx.policy.figures import Times, gain_doubt
-
     plain, spec, pairs = Times(), Times(), Pairs()
     for i in range(16):
         plain.add(0, 0.100 * (1.0 + (0.5 if i % 2 else -0.4)))  # a plain median spread wide
