@@ -9,8 +9,9 @@ from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.engine import speculation
 from gmlx.engine.metrics import EventKind
-from gmlx.policy import control
+from gmlx.policy import control, width_control
 from gmlx.policy.control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, Acceptance, Controller
+from gmlx.policy.width_control import EXPLORE_SOON
 from gmlx.policy.costs import Costs
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
@@ -162,6 +163,40 @@ def test_an_exploration_stays_only_if_its_gain_is_sure():
         ctl.observe(2, 1, 0.0144, [(1, 1), (1, 0)])
         ks.append(ctl.choose(2, 1).k)
     assert ks[:MIN_EVIDENCE - 1] == [1] * (MIN_EVIDENCE - 1) and ks[-1] == 0, ks
+
+
+@pytest.mark.parametrize("doubt, ms, gaps", [(0.3, 12.0, [EXPLORE_SOON] * 3),  # 1.25x +- 0.38: again soon
+                                              (0.3, 15.5, [EXPLORE_FIRST, 2 * EXPLORE_FIRST]),  # 0.97x: back off
+                                              (0.0, 12.0, [])])  # 1.25x, sure: stays
+def test_a_width_plain_for_want_of_certainty_tries_again_soon(monkeypatch, doubt, ms, gaps):
+    """Width 2, K=1 rounds emit 1.5 tokens per row against plain's 1 at 10 ms. At 12 ms (1.25x) a
+    try whose doubt is 0.3 is not sure and goes plain; the expected gain of another try is positive
+    and evidence is what is missing, so it comes after EXPLORE_SOON plain rounds, every time. At
+    15.5 ms (0.97x) plain is no want of certainty: the back-off doubles. Sure: no plain at all."""
+    monkeypatch.setattr(width_control, "gain_doubt", lambda *a, **k: doubt)
+    ctl = fresh()
+    feed(ctl, 2, 0, 0.010, accepted=0, n=8)
+    tries = []
+    for _ in range(EXPLORE_FIRST * 3 + 60):
+        plain_run = ctl.at(2).plain_run
+        c = ctl.choose(2, 1)
+        if c.exploring:
+            tries.append(plain_run)
+        ctl.observe(2, c.k, 0.010 if c.k == 0 else ms / 1e3, [(1, 1), (1, 0)] if c.k else [(0, 0)] * 2)
+    # (a settled plain choice is decided afresh every DECIDE_EVERY rounds: a try may come that much later)
+    assert len(tries) >= len(gaps) and all(g <= t < g + control.DECIDE_EVERY for t, g in zip(tries, gaps)), tries
+    assert bool(tries) is bool(gaps)
+    assert ctl.decided_plain(2) is bool(doubt)
+
+
+def test_a_confirmed_try_starts_the_back_off_over():
+    """An exploration (after 256 plain rounds, say) that measures a sure 1.25x stays, and the next
+    time the width goes plain it tries again after EXPLORE_FIRST rounds, not 512: speculation won."""
+    ctl = settled(1, [0.012] * 8)
+    wc = ctl.at(2)
+    wc.tentative, wc.explore_after = True, 4 * EXPLORE_FIRST
+    c = ctl.choose(2, 1)
+    assert c.k == 1 and not wc.tentative and wc.explore_after == EXPLORE_FIRST
 
 
 @pytest.mark.parametrize("own, speculates", [(0.1, False), (0.5, True)])
