@@ -13,6 +13,7 @@ from gmlx.policy import control, width_control
 from gmlx.policy.control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, Acceptance, Controller
 from gmlx.policy.width_control import EXPLORE_SOON
 from gmlx.policy.costs import Costs
+from gmlx.policy.figures import DECAY
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
 COSTS = Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.05)
@@ -197,6 +198,26 @@ def test_a_confirmed_try_starts_the_back_off_over():
     wc.tentative, wc.explore_after = True, 4 * EXPLORE_FIRST
     c = ctl.choose(2, 1)
     assert c.k == 1 and not wc.tentative and wc.explore_after == EXPLORE_FIRST
+
+
+def test_a_new_lone_request_starts_from_the_requests_before_not_the_last_ones_end():
+    """Width 1's pool decays at LONE_DECAY: 60 rounds accepting half their drafts, then 20 accepting
+    none (the end of one request) leave the pool well above what the per-round DECAY would
+    leave; a request's copy follows its own rounds at DECAY, worth no more than DECAY keeps."""
+    ctl = fresh()
+    for i in range(60):
+        ctl.observe(1, 1, None, [(1, i % 2)])
+    for _ in range(20):
+        ctl.observe(1, 1, None, [(1, 0)])
+    quick = Acceptance()
+    for i in range(60):
+        quick.record(1, i % 2)
+    for _ in range(20):
+        quick.record(1, 0)
+    pool, own = ctl.at(1).acceptance, ctl.pooled(1)
+    assert pool.alpha > quick.alpha + 0.05 and own.alpha == pytest.approx(pool.alpha), (pool.alpha, quick.alpha)
+    assert own.decay == DECAY and own.successes + own.failures <= 1 / (1 - DECAY) + 1e-9
+    assert ctl.at(2).acceptance.decay == DECAY  # batch widths keep the per-round rate
 
 
 @pytest.mark.parametrize("own, speculates", [(0.1, False), (0.5, True)])

@@ -69,7 +69,7 @@ import weakref
 
 from gmlx.policy.costs import Costs
 from gmlx.policy.choice import Choice
-from gmlx.policy.figures import PRIOR_WEIGHT, Acceptance, Times, bucket, owner
+from gmlx.policy.figures import DECAY, LONE_DECAY, PRIOR_WEIGHT, Acceptance, Times, bucket, owner
 from gmlx.policy.width_control import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                        REFRESH_WINDOW, RETRY_AFTER, TRY_WITHIN, WidthControl)
 
@@ -133,6 +133,8 @@ class Controller:
                 plain = self._plain.setdefault(b, Times())
                 wc = self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()))
                 wc.acceptance = self._nearest_acceptance(b)
+                if b == 1:  # the lone request's width: its pool spans requests (figures.LONE_DECAY)
+                    wc.acceptance.decay = LONE_DECAY
             self.widths[b] = self._shared[key]
         return self.widths[b]
 
@@ -184,8 +186,9 @@ class Controller:
         return wc is not None and wc.current == 0
 
     def pooled(self, width: int) -> Acceptance:
-        """A copy of this width's recent acceptance: a new lone request starts from it."""
-        return self.at(width).acceptance.copy()
+        """A copy of this width's recent acceptance: a new lone request starts from it, and then
+        follows its own rounds at the usual rate (DECAY)."""
+        return self.at(width).acceptance.copy(DECAY)
 
     def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]],
                 steady: bool = True) -> None:

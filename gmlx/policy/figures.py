@@ -16,6 +16,11 @@ MIN_PAIRS = 2  # pairs before their ratio replaces the medians' (or the probe's)
 MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's figure
 PRIOR_WEIGHT = 3.0  # rounds the prior acceptance (alpha 0.6, below) is worth
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)
+# ... slower for the lone request's width (its rounds are one request's at a time): a new lone
+# request is decided on the acceptance of the last few requests (~100 rounds), not on the last
+# one's end — at 0.97 a SmolLM2 request accepting 0.32 over its last rounds made the next one
+# predict 1.02x (K = 1 had measured 1.17x over the requests before) and wait out the back-off.
+LONE_DECAY = 0.99
 MARGIN = 1.05  # hysteresis: plain is left for speculation predicted at least 5 % better
 # ... and speculation is left when predicted under 3 % better: a steady-state gain that small does
 # not pay for what the estimate leaves out (a request's drafter arming, a gate and its resume; a
@@ -99,9 +104,15 @@ class Acceptance:
         self.memo[k, hope] = total
         return total
 
-    def copy(self) -> "Acceptance":
-        """A copy with its own counts (a new lone request starts from the width's)."""
-        return Acceptance(self.successes, self.failures, 0, self.decay, [list(d) for d in self.depth])
+    def copy(self, decay: float | None = None) -> "Acceptance":
+        """A copy with its own counts (a new lone request starts from the width's), decaying at
+        `decay` (default: this one's rate); from a slower-decaying pool its counts are scaled to
+        what `decay` keeps in steady state (the same rates, no more weight against the request's
+        own rounds than before)."""
+        decay = self.decay if decay is None else decay
+        w = min(1.0, (1.0 - self.decay) / (1.0 - decay)) if decay < 1.0 else 1.0
+        return Acceptance(self.successes * w, self.failures * w, 0, decay,
+                          [[h * w, r * w] for h, r in self.depth])
 
 
 @dataclass
