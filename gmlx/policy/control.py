@@ -37,8 +37,8 @@ Keeping the estimates fresh at a bounded cost: a width decided plain tries specu
 after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
 1024: at most ~10 % of rounds, then ~1 %; a confirmed try starts it over) — after EXPLORE_SOON
 (16) with no back-off while plain is in force only for want of certainty (the best K predicted
-MARGIN above plain, within Z standard errors: width_control.py); a width that speculates with nothing paired runs
-PLAIN_WINDOW plain rounds after its first few speculative ones (unless another width lends its
+MARGIN above plain, within Z standard errors: width_control.py); a width that speculates with
+nothing paired runs PLAIN_WINDOW plain rounds after its first few speculative ones (unless another width lends its
 paired ratio: a window costs a gate and a resume, a large share of a short burst), and one that
 has gone REFRESH_FIRST speculative rounds without a pair runs REFRESH_WINDOW plain rounds
 (doubling the interval each time, up to REFRESH_MAX: under 1 % of rounds). The lone request
@@ -133,8 +133,6 @@ class Controller:
                 plain = self._plain.setdefault(b, Times())
                 wc = self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()))
                 wc.acceptance = self._nearest_acceptance(b)
-                if b == 1:  # the lone request's width: its pool spans requests (figures.LONE_DECAY)
-                    wc.acceptance.decay = LONE_DECAY
             self.widths[b] = self._shared[key]
         return self.widths[b]
 
@@ -144,10 +142,11 @@ class Controller:
         time alone agrees about as often beside other rows."""
         seen = [(abs(w - b), wc) for (kind, w), wc in self._shared.items()
                 if kind == self.drafter_kind and w != b and wc.acceptance.rounds]
+        decay = LONE_DECAY if b == 1 else DECAY  # the lone request's width pools requests (figures.LONE_DECAY)
         if not seen:
-            return Acceptance()
+            return Acceptance(decay=decay)
         alpha = min(seen, key=lambda x: x[0])[1].acceptance.alpha
-        return Acceptance(alpha * PRIOR_WEIGHT, (1 - alpha) * PRIOR_WEIGHT)
+        return Acceptance(alpha * PRIOR_WEIGHT, (1 - alpha) * PRIOR_WEIGHT, decay=decay)
 
     def choose(self, width: int, max_k: int, acceptance: Acceptance | None = None,
                remaining: tuple[int, ...] = (), drain_share: float = 1.0) -> Choice:
