@@ -522,6 +522,20 @@ def test_an_explicit_k_is_obeyed_and_the_switch_turns_the_control_off(lm, clean)
     assert on(lm).spec.control is not None
 
 
+def test_an_explicit_k_drafts_k_every_round_of_a_lone_request(lm, prompts, clean):
+    """`--num-draft-tokens 3` means 3 drafts a round, as in mlx-lm and vLLM, for the lone request
+    too, even where the cost model would pick fewer (K = 1 here: a 3-draft verify made to cost 5
+    steps); only the request's last rounds draft fewer (never past its budget)."""
+    eng = on(lm, num_draft_tokens=3)
+    eng.scalar.costs = Costs(verify=(1.0, 1.1, 5.0, 6.0), draft=0.01, source="test")
+    assert Costs.best_k(eng.scalar.costs, 0.6, 3) == 1  # what the request would run if K were a ceiling
+    rec = eng.generate(prompts[0], P(30, seed=0, ignore_eos=True))
+    s = rec.stats
+    assert s["max_draft_tokens"] == 3 and s["num_rounds"] > 3, s
+    assert s["num_drafted"] >= 3 * s["num_rounds"] - 3, s  # at most two short rounds at the end (3 - 1, 3 - 2)
+    eng.close()
+
+
 @pytest.mark.parametrize("spec_cost", [6.0, 1.05])
 def test_smollm2_with_its_head_forced_both_ways_every_stream_equals_solo(smollm2, monkeypatch, spec_cost):
     """The real model with its shipped head, the control forced to plain and to speculation: a lone
