@@ -528,7 +528,7 @@ def test_an_explicit_k_drafts_k_every_round_of_a_lone_request(lm, prompts, clean
     steps); only the request's last rounds draft fewer (never past its budget)."""
     eng = on(lm, num_draft_tokens=3)
     eng.scalar.costs = Costs(verify=(1.0, 1.1, 5.0, 6.0), draft=0.01, source="test")
-    assert Costs.best_k(eng.scalar.costs, 0.6, 3) == 1  # what the request would run if K were a ceiling
+    assert eng.scalar.costs.best_k(0.6, 3) == 1  # what the request would run if K were a ceiling
     rec = eng.generate(prompts[0], P(30, seed=0, ignore_eos=True))
     s = rec.stats
     assert s["max_draft_tokens"] == 3 and s["num_rounds"] > 3, s

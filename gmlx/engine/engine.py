@@ -63,9 +63,8 @@ class Engine:
         # end), never plain; for the lone request too (it was a ceiling there: K=3 drafted 1 mostly).
         # GMLX_TREE=1: the lone request may verify token trees where measured faster (gmlx/decode/tree_verify.py).
         lane, tree = (ScalarLane, {}) if not self.switches.tree else _tree_lane()
-        chosen = self.config.num_draft_tokens is None
         self.scalar = lane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
-                           adaptive=chosen, may_go_plain=chosen, **tree)
+                           adaptive=self.config.num_draft_tokens is None, **tree)  # not adaptive: never plain
         if self.peers.measures_alone:  # else with the peers, once they all have the engine
             self.measure_round_costs()
         self.model_key = (user_config.model_key(None if self.lm.path == default_model_path() else self.lm.path)
