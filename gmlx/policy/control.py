@@ -38,8 +38,9 @@ after `explore_after` plain rounds there (64, doubling each time the try confirm
 1024: at most ~10 % of rounds, then ~1 %; a confirmed try starts it over) — after EXPLORE_SOON
 (16) with no back-off while plain is in force only for want of certainty (the best K predicted
 MARGIN above plain, within Z standard errors: width_control.py); a width that speculates with
-nothing paired runs PLAIN_WINDOW plain rounds after its first few speculative ones (unless another width lends its
-paired ratio: a window costs a gate and a resume, a large share of a short burst), and one that
+nothing paired runs PLAIN_WINDOW plain rounds after its first few speculative ones (unless
+another width lends its paired ratio: a window costs a gate and a resume, a large share of a
+short burst), and one that
 has gone REFRESH_FIRST speculative rounds without a pair runs REFRESH_WINDOW plain rounds
 (doubling the interval each time, up to REFRESH_MAX: under 1 % of rounds). The lone request
 cannot re-arm its drafter mid-request, so it runs its window at its tail (its last few tokens

@@ -104,12 +104,10 @@ class Acceptance:
         self.memo[k, hope] = total
         return total
 
-    def copy(self, decay: float | None = None) -> "Acceptance":
+    def copy(self, decay: float) -> "Acceptance":
         """A copy with its own counts (a new lone request starts from the width's), decaying at
-        `decay` (default: this one's rate); from a slower-decaying pool its counts are scaled to
-        what `decay` keeps in steady state (the same rates, no more weight against the request's
-        own rounds than before)."""
-        decay = self.decay if decay is None else decay
+        `decay`; from a slower-decaying pool its counts are scaled to what `decay` keeps in steady
+        state (the same rates, no more weight against the request's own rounds than before)."""
         w = min(1.0, (1.0 - self.decay) / (1.0 - decay)) if decay < 1.0 else 1.0
         return Acceptance(self.successes * w, self.failures * w, 0, decay,
                           [[h * w, r * w] for h, r in self.depth])
