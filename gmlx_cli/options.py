@@ -78,8 +78,8 @@ DrafterOpt = Annotated[
     typer.Option("--drafter", help="Drafter kind: mtp (the model's MTP head), draft (--draft-model), assistant"
                  " (a KV-sharing assistant head beside the model), ngram (prompt lookup: copies from the"
                  " request's own prompt and output; any model), prediction (only from --prediction) or eagle3 (an"
-                 " EAGLE-3 head checkpoint given as --draft-model). Default: draft if --draft-model, else mtp,"
-                 " else assistant.", show_default=False, rich_help_panel=_SPEC),
+                 " EAGLE-3 head checkpoint given as --draft-model). Default: draft if --draft-model, else the"
+                 " model's own (its config.json's speculative_drafter, else mtp, else assistant).", show_default=False, rich_help_panel=_SPEC),
 ]
 PredictionOpt = Annotated[
     Path | None,

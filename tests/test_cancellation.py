@@ -35,9 +35,11 @@ def footprint(eng) -> dict:
     d = getattr(b.draft, "inner", b.draft)  # under the predicted-output wrapper (gmlx/drafters/prediction.py)
     draft_rows = None
     if d is not None:
-        draft_rows = {d.hidden.shape[0], d.tokens.shape[0], len(d.lengths), d.cache.batch_size}
-        if d.cache.keys is not None:
-            draft_rows.add(d.cache.keys.shape[0])
+        draft_rows = {d.hidden.shape[0], d.tokens.shape[0]}
+        if hasattr(d, "cache"):  # the MTP head's own KV (the default assistant keeps none)
+            draft_rows |= {len(d.lengths), d.cache.batch_size}
+            if d.cache.keys is not None:
+                draft_rows.add(d.cache.keys.shape[0])
     return dict(rids=[r.rid for r in b.rows], width=len(b.rows),
                 kv_rows={c.keys.shape[0] for c in b.cache if c.keys is not None} | {c.batch_size for c in b.cache},
                 draft_rows=draft_rows, nbytes=cache_nbytes(b.cache), capacity=b.cache[0].capacity if b.cache else 0,

@@ -11,14 +11,14 @@ from gmlx.weights import EMBEDDED_EAGLE3
 LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
 
 
-def test_drafter_eagle3_takes_the_shipped_head_and_the_default_stays_the_mtp_head(lm):
+def test_drafter_eagle3_takes_the_shipped_head_and_the_default_stays_the_assistant_head(lm):
     assert shipped_eagle3(lm) == (EMBEDDED_EAGLE3, False)
     assert (EMBEDDED_EAGLE3 / "model.safetensors").stat().st_size <= 4 << 20  # small: fp16, no LM head
     eng = Engine(lm, EngineConfig(drafter="eagle3"))
     assert eng.drafter.kind == "eagle3" and eng.lm.target.entering == (2, 4, 5)
     eng.close()
     eng = Engine(lm, EngineConfig())
-    assert eng.drafter.kind == "mtp"
+    assert eng.drafter.kind == "assistant"  # config.json's speculative_drafter
     eng.close()
 
 

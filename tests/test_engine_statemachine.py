@@ -155,7 +155,9 @@ def make_machine(lm, prompts, tally, preempt=True, resume=True):
             assert b.rs is not None and b.rs.seeds.shape[0] == w
             if b.draft is not None:
                 d = getattr(b.draft, "inner", b.draft)  # under the predicted-output wrapper
-                assert b.drafter.width(b.draft) == w and d.cache.batch_size == w and len(d.lengths) == w
+                assert b.drafter.width(b.draft) == w
+                if hasattr(d, "cache"):  # the MTP head's own KV (the default assistant keeps none)
+                    assert d.cache.batch_size == w and len(d.lengths) == w
                 assert d.hidden is None or d.hidden.shape[0] == w
             if b.lookahead is not None:
                 assert b.lookahead.shape[0] == w

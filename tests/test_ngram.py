@@ -187,7 +187,7 @@ def test_host_only_one_array_per_draft(monkeypatch):
 def test_registered_never_the_default(lm):
     assert "ngram" in available(lm)
     assert isinstance(select_drafter(lm, "ngram"), NGramDrafter)
-    assert select_drafter(lm).kind == "mtp"  # the model's own head stays the default
+    assert select_drafter(lm).kind == "assistant"  # the model's own default (config.json's speculative_drafter) stays
     assert EngineConfig(drafter="ngram").validated().drafter == "ngram"
     eng = Engine(lm, EngineConfig(drafter="ngram"))
     assert eng.speculative and eng.drafter.kind == "ngram" and not eng.drafter.needs_hidden

@@ -167,7 +167,7 @@ def test_prediction_alone_drafts_nothing_without_one():
 
 
 def test_wrapper_forwards_the_inner_drafters_attributes(lm):
-    inner = select_drafter(lm)
+    inner = select_drafter(lm, "mtp")
     d = with_predictions(inner)
     assert d.kind == inner.kind == "mtp" and d.needs_hidden and d.head is inner.head
     d.head = "replaced"  # writes go to the inner drafter (tests swap its head)

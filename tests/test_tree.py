@@ -28,7 +28,7 @@ K = 3
 
 
 def tree_lane(lm, drafter=None, branches=2, **kw) -> TreeScalarLane:
-    return TreeScalarLane(lm.target, drafter or select_drafter(lm), K, may_go_plain=False, tree="always",
+    return TreeScalarLane(lm.target, drafter or select_drafter(lm, "mtp"), K, may_go_plain=False, tree="always",
                           branches=branches, **kw)
 
 
@@ -162,7 +162,7 @@ def test_ngram_trees_equal_plain_decoding(lm, prompts):
 
 
 def test_the_engine_runs_trees_when_switched_on(lm, prompts):
-    eng = Engine(lm, EngineConfig(num_draft_tokens=K), switches=Switches(tree=True))
+    eng = Engine(lm, EngineConfig(num_draft_tokens=K, drafter="mtp"), switches=Switches(tree=True))
     assert isinstance(eng.scalar, TreeScalarLane)
     eng.scalar.choice.mode = "always"
     params = P(24, seed=9, t=0.8)
@@ -170,7 +170,7 @@ def test_the_engine_runs_trees_when_switched_on(lm, prompts):
     eng.close()
     matches_solo(lm, prompts[2], params, rec.tokens)
     assert eng.scalar.tree_rounds > 0
-    assert not isinstance(Engine(lm, EngineConfig(num_draft_tokens=K), switches=Switches()).scalar, TreeScalarLane)
+    assert not isinstance(Engine(lm, EngineConfig(num_draft_tokens=K, drafter="mtp"), switches=Switches()).scalar, TreeScalarLane)
 
 
 # -- the real model ---------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_a_tree_request_preempted_into_the_batch_keeps_its_stream(lm, prompts):
     first, only the accepted path's K/V in its cache) and finishes in the batch loop."""
     from engine_helpers import check_solo, drive
 
-    eng = Engine(lm, EngineConfig(num_draft_tokens=K), switches=Switches(tree=True))
+    eng = Engine(lm, EngineConfig(num_draft_tokens=K, drafter="mtp"), switches=Switches(tree=True))
     eng.scalar.choice.mode = "always"
     arrivals = {0: [("a", prompts[0], P(40, seed=1, t=0.8))], 6: [("b", prompts[1], P(20, seed=2))]}
     run = drive(eng, arrivals)

@@ -17,10 +17,12 @@ the ranks cannot be known to hold the same state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from typing import Callable, Iterator
 
+from gmlx.config import EngineConfig
 from gmlx.distributed import messages
 from gmlx.distributed.channel import fatal, fold
 from gmlx.distributed.watchdog import HEARTBEAT_S, IDLE_NAP_AFTER_S, IDLE_NAP_S
@@ -56,6 +58,12 @@ class Replica:
         self._idle_since: float | None = None  # rank 0: when its engine last went idle
         self._streams: list[Stream] = []  # another rank: its copies' streams, until they finish
         self._lock = threading.Lock()
+        config = config or EngineConfig()
+        if (config.drafter is None and config.draft_model is None and lm.default_drafter == "assistant"
+                and lm.head is not None):
+            # The model's default (the embedded model's assistant) reads the target's K/V, which
+            # --distributed splits: its MTP head drafts instead, as the user asked for no kind.
+            config = dataclasses.replace(config, drafter="mtp")
         self.engine = Engine(lm, config, switches=switches, peers=self)
         self._leader_caps = self.engine.cap_in_force  # another rank: rank 0's decision, once it sends one
         if self.engine.drafter is not None and self.engine.drafter.kind == "assistant":

@@ -9,9 +9,10 @@ EAGLE-3 head in its public checkpoint layout, given as --draft-model PATH: gmlx/
 the engine then sees the target through a view that captures the layers the head reads). With no kind
 asked for: a draft model when one is given (the caller asked for it), else a shipped EAGLE-3 head
 (SmolLM2's GGUF: gmlx/gguf/smollm2.py; `--drafter eagle3` without a path takes it too, and on the
-embedded model its own shipped EAGLE-3 head), else the
-MTP head, else the assistant head; never ngram, which is asked for by name (it pays only where the output repeats
-its context, and the model's own drafter, trained for it, is the better default).
+embedded model its own shipped EAGLE-3 head), else the kind the model's config.json names
+(`speculative_drafter`: the embedded model names its assistant head, measured faster than its MTP
+head), else the MTP head, else the assistant head; never ngram unless named (it pays only where
+the output repeats its context, and the model's own drafter, trained for it, is the better default).
 
 Whatever the kind, the engine's drafter is wrapped for predicted outputs (`choose`;
 gmlx/drafters/prediction.py): a request with a `prediction` drafts from it where its output aligns
@@ -100,6 +101,17 @@ def can_draft(lm, kind: str | None = None) -> bool:
     return kind in ("ngram", "prediction") or lm.head is not None or has_assistant(lm)
 
 
+def default_kind(lm) -> str | None:
+    """The kind a model drafts with when none is asked for and no draft model is given: the one its
+    config.json names (`speculative_drafter`) where the directory has it (a copy that dropped the
+    assistant's files falls back), else its MTP head, else its assistant head; None: neither."""
+    if lm.default_drafter is not None and lm.default_drafter in available(lm):
+        return lm.default_drafter
+    if lm.head is not None:
+        return "mtp"
+    return "assistant" if has_assistant(lm) else None
+
+
 def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int = 512) -> Drafter | None:
     """The drafter of this kind (None: the default order above); None when the model has none."""
     if kind is not None and kind not in KINDS:
@@ -107,11 +119,9 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
     if kind is None:
         if draft_lm is not None:
             kind = "draft"
-        elif lm.head is not None:
-            kind = "mtp"
-        elif has_assistant(lm):
-            kind = "assistant"
         else:
+            kind = default_kind(lm)
+        if kind is None:
             return None
     if kind == "ngram":
         from gmlx.drafters.ngram import NGramDrafter
@@ -146,10 +156,11 @@ def select_drafter(lm, kind: str | None = None, draft_lm=None, prefill_step: int
     return AssistantDrafter(head, lm.target)
 
 
-def cap_key_suffix(drafter: Drafter | None) -> str:
-    """Calibrated caps are per drafter: the MTP head keeps the plain model key (as before), the
-    other kinds add theirs, so a cap measured with one drafter never applies to another."""
-    if drafter is None or drafter.kind == "mtp":
+def cap_key_suffix(drafter: Drafter | None, own: str | None = "mtp") -> str:
+    """Calibrated caps are per drafter: the model's default kind (`own`: `default_kind`, the MTP
+    head where the model names none) keeps the plain model key, the other kinds add theirs, so a
+    cap measured with one drafter never applies to another."""
+    if drafter is None or drafter.kind == own:
         return ""
     if drafter.kind == "draft":
         return f"+draft:{Path(drafter.path).resolve() if drafter.path else 'unnamed'}"
@@ -158,17 +169,20 @@ def cap_key_suffix(drafter: Drafter | None) -> str:
 
 def cap_defaults(lm, drafter: Drafter | None) -> dict:
     """The model-and-drafter part of `caps.resolve_cap(...)`: the family default for the drafter
-    actually in use (config.json's `speculative_width_cap` was measured with the model's own
-    head, so it applies to that head only) and the hard limit of a drafter that serves only
-    `max_width` rows (1: a single-sequence drafter, which no setting may raise)."""
+    actually in use (config.json's `speculative_width_cap` was measured with the model's default
+    drafter — `speculative_drafter`, else its own head — so it applies to that drafter only) and
+    the hard limit of a drafter that serves only `max_width` rows (1: a single-sequence drafter,
+    which no setting may raise)."""
     if drafter is None:
         return lm.cap_defaults()
-    if drafter.kind == "mtp":
+    own = default_kind(lm)
+    if drafter.kind == "mtp" and own == "mtp":
         out = lm.cap_defaults()
         kind = lm.drafter_kind or "mtp"
     else:
         kind = "draft-model" if drafter.kind == "draft" else drafter.kind
-        cap, source = family.default_cap(kind, lm.is_moe, None)
+        measured = lm.config.get("speculative_width_cap") if drafter.kind == lm.default_drafter == own else None
+        cap, source = family.default_cap(kind, lm.is_moe, measured)
         out = {"model_default": cap, "model_default_source": source}
     limit, why = family.single_sequence_limit(kind, drafter.max_width == 1)
     if limit is not None:
@@ -220,7 +234,8 @@ def choose(lm, config, draft_model=None, drafter: Drafter | None = None) -> Draf
             raise NoDrafterError(no_rollback_message(lm))
         notices.append(no_rollback_message(lm))
         drafter = None
-    return DrafterChoice(drafter, draft_lm, cap_defaults(lm, drafter), cap_key_suffix(drafter), notices)
+    suffix = cap_key_suffix(drafter, default_kind(lm))
+    return DrafterChoice(drafter, draft_lm, cap_defaults(lm, drafter), suffix, notices)
 
 
 def shipped_eagle3(lm) -> tuple[Path | None, bool]:

@@ -12,8 +12,10 @@ the target unchanged; gmlx then looks for a drafter head, first found wins:
 3. none: the model still loads and decodes plain.
 
 `LoadedModel.head` is the *bound* head (`gmlx.heads.bound.BoundHead`) or None. gmlx's
-optional defaults in config.json: `speculative_width_cap`, `num_draft_tokens`; without a cap,
-the family default applies (`gmlx.models.family`).
+optional defaults in config.json: `speculative_drafter` (the drafter kind an engine takes when
+none is asked for, where a model ships several and one measures faster: the embedded model's
+assistant head), `speculative_width_cap` and `num_draft_tokens` (measured with that drafter);
+without a cap, the family default applies (`gmlx.models.family`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from gmlx.heads.mtp_head import MTPHead
 from gmlx.heads.native_mtp import BoundNativeHead, load_native_head
 
 DEFAULT_K = 3  # when a model ships no measured default
+DEFAULT_DRAFTERS = ("mtp", "assistant", "ngram")  # what config.json's speculative_drafter may name
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
@@ -62,6 +65,7 @@ class LoadedModel:
     rollback_blockers: tuple[str, ...] = ()  # target cache kinds that cannot be trimmed
     cap_hard_limit: int | None = None  # a single-sequence drafter's ceiling (none of today's heads)
     cap_hard_limit_reason: str = ""
+    default_drafter: str | None = None  # config.json's `speculative_drafter`; None: the default order
 
     @property
     def has_drafter(self) -> bool:
@@ -196,10 +200,14 @@ def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) 
     kind = head.kind if head is not None else None
     moe = family.is_moe(model)
     cap, source = family.default_cap(kind, moe, config.get("speculative_width_cap"))
+    default_drafter = config.get("speculative_drafter")
+    if default_drafter not in (None, *DEFAULT_DRAFTERS):
+        raise ModelLoadError(f"{p / 'config.json'}: speculative_drafter must be one of {', '.join(DEFAULT_DRAFTERS)},"
+                             f" got {default_drafter!r}")
     ctx = config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
     return LoadedModel(
         path=p, name=name, target=target, tokenizer=tokenizer,
         head=head, config=config, default_k=int(config.get("num_draft_tokens", DEFAULT_K)),
         default_cap=cap, context_length=int(ctx) if ctx else None, drafter_kind=kind, cap_source=source,
-        is_moe=moe, rollback_blockers=tuple(family.rollback_blockers(model)),
+        is_moe=moe, rollback_blockers=tuple(family.rollback_blockers(model)), default_drafter=default_drafter,
     )
