@@ -20,5 +20,7 @@ def enabled() -> bool:
     return switches.COMPILE.value()
 
 
-def compiled(fn: Callable) -> Callable:
-    return mx.compile(fn) if enabled() else fn
+def compiled(fn: Callable, **kw) -> Callable:
+    """`mx.compile(fn, **kw)` (e.g. `inputs=`: module parameters it reads, so that new weights
+    are seen), or `fn` itself under GMLX_COMPILE=0."""
+    return mx.compile(fn, **kw) if enabled() else fn

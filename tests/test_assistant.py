@@ -120,3 +120,31 @@ def test_shipped_drafters_load(lm):
     assert draft.args.vocab_size == lm.target.vocab_size
     text = "def f(x):\n    return x + 1\n"
     assert tokenizer.encode(text) == lm.tokenizer.encode(text)
+
+
+def _drafts(drafter, lm, prompt, k=3):
+    """Greedy drafts from the state a prefill of `prompt` leaves (the target's cache over all but
+    the last token, whose hidden and the last token seed the chain)."""
+    from gmlx.drafters.assistant import AssistantRows
+    from gmlx.drafters.base import DraftPick
+
+    cache = make_prompt_cache(lm.target.model)
+    _, hid = lm.target(mx.array([prompt[:-1]], dtype=mx.int32), cache)
+    st = AssistantRows(hid[:, -1:], mx.array([[prompt[-1]]], dtype=mx.int32))
+    return drafter.draft(st, k, DraftPick(None, np.array([len(prompt)])), cache).tolist()  # sync: test read
+
+
+def test_the_compiled_draft_chain_is_the_heads_own_and_sees_new_weights(lm, prompts, monkeypatch):
+    """The drafter runs the head's query and finish compiled (gmlx/drafters/assistant.py): its drafts
+    equal the uncompiled head's (GMLX_COMPILE=0), and weights replaced after it was built are used."""
+    from drafter_fixtures import random_assistant
+
+    fast, other = random_assistant(lm, seed=1), random_assistant(lm, seed=2)
+    monkeypatch.setenv("GMLX_COMPILE", "0")
+    eager = random_assistant(lm, seed=1)
+    monkeypatch.delenv("GMLX_COMPILE")
+    assert eager._query.__name__ == "<lambda>"  # the plain function: not compiled
+    want = [_drafts(eager, lm, p) for p in prompts[:4]]
+    assert [_drafts(fast, lm, p) for p in prompts[:4]] == want
+    fast.head.update(other.head.parameters())  # new weights into the same module
+    assert [_drafts(fast, lm, p) for p in prompts[:4]] == [_drafts(other, lm, p) for p in prompts[:4]] != want

@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
+from gmlx.compiled import compiled
 from gmlx.models.adapter import Target
 from gmlx.drafters.base import DraftPick, Drafter, take_rows_at
 
@@ -54,6 +56,21 @@ class AssistantDrafter(Drafter):
         self.head = head
         self.target = target
         self.layer = head.config.kv_layer
+        # A draft step is ~40 small operations on a one-token row, so on a host-bound device (the
+        # CPU backend: ~10 us an operation) its parts with fixed shapes run compiled: the query
+        # and the finish (MLP, norms, the LM head) fuse, the attention over the growing keys does
+        # not (a new key length would trace again every round). Drafts never reach the stream
+        # unverified, so how they are computed cannot move a token. 3 drafts: ~8.5 -> ~4.5 ms here.
+        # The modules themselves (dicts of their arrays, read at every call): weights a caller
+        # replaces later (load_weights, update) are what the next draft uses.
+        weights = [head, target.embed_tokens, target.final_norm,
+                   target.lm_head if isinstance(target.lm_head, nn.Module) else []]
+        self._query = compiled(lambda tok, g, at: head.query(target.embed_tokens(tok), g, at), inputs=weights)
+        self._finish = compiled(self._finish_step, inputs=weights)
+
+    def _finish_step(self, x: mx.array, o: mx.array) -> tuple[mx.array, mx.array]:
+        g = self.head.finish(x, o, self.target.final_norm)
+        return g, self.target.lm_head(g)
 
     def start(self, rows, pres) -> AssistantRows:
         hs, ts = [], []
@@ -84,9 +101,9 @@ class AssistantDrafter(Drafter):
         g, tok = st.hidden, st.tokens
         drafts = []
         for j in range(k):
-            q_offset = mx.array((lengths + j).astype(np.int32))
-            g = self.head(self.target.embed_tokens(tok), g, keys, values, q_offset, mask, self.target.final_norm)
-            tok = pick(self.target.lm_head(g), j)
+            x, q = self._query(tok, g, mx.array((lengths + j).astype(np.int32)))
+            g, logits = self._finish(x, self.head.attend(q, keys, values, mask))
+            tok = pick(logits, j)
             drafts.append(tok)
         return mx.concatenate(drafts, axis=1)
 

@@ -105,12 +105,24 @@ class AssistantHead(nn.Module):
         q_offset: [B] int32, absolute position of each row's first query (query l sits at
         q_offset + l); mask: bool, broadcastable to [B, 1, L, T], True = may attend.
         Returns g [B, L, D] after the shared final norm."""
+        x, q = self.query(embeds, hidden, q_offset)
+        return self.finish(x, self.attend(q, keys, values, mask), final_norm)
+
+    # The three parts of a step. Only `attend` sees the keys, whose length grows every round: the
+    # drafter compiles the other two (gmlx/drafters/assistant.py), whose shapes stay fixed.
+    def query(self, embeds: mx.array, hidden: mx.array, q_offset: mx.array) -> tuple[mx.array, mx.array]:
+        """(the residual x [B, L, D], the rotated queries [B, H, L, Dh])."""
         B, L, _ = embeds.shape
         x = self.fc(mx.concatenate([self.embed_norm(embeds), self.hidden_norm(hidden)], axis=-1))
         q = self.q_proj(self.attn_norm(x)).reshape(B, L, self.config.num_attention_heads, -1)
-        q = self.rope(q.transpose(0, 2, 1, 3), offset=q_offset)
+        return x, self.rope(q.transpose(0, 2, 1, 3), offset=q_offset)
+
+    def attend(self, q: mx.array, keys: mx.array, values: mx.array, mask: mx.array) -> mx.array:
         # GQA: fast SDPA pairs each KV head with its group of query heads, as the target does.
-        o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+
+    def finish(self, x: mx.array, o: mx.array, final_norm: nn.Module) -> mx.array:
+        B, _, L, _ = o.shape
         x = x + self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
         x = x + self.mlp(self.mlp_norm(x))
         return final_norm(x)
