@@ -34,7 +34,8 @@ def transitions_at(run, step):
 class GuardedHead:
     """Stands in for the drafter's MTP head (the scalar and batch loops share it): any use while
     a batch is not armed (gated rounds, the gate round itself, capture rounds) raises. Counts the
-    armed batch calls."""
+    armed batch uses: calls, and attribute reads (the assistant drafter reads `head.attend` at
+    every draft step; its compiled query and finish replay graphs without calling the head)."""
 
     def __init__(self, head, eng):
         self._head, self._eng, self.calls = head, eng, 0
@@ -50,6 +51,7 @@ class GuardedHead:
 
     def __getattr__(self, name):
         self._check(f"attribute .{name} read")
+        self.calls += self._eng.mode is Mode.BATCHED
         return getattr(self._head, name)
 
 
