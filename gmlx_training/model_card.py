@@ -99,6 +99,7 @@ def _loss(alpha: float) -> str:
 def drafters_section(dc: dict, ac, log: dict) -> str:
     runs, m, c, sz = log["runs"], log["metrics"], log["costs"], log["sizes"]
     rd, ra, init = runs["draft"], runs["assistant"], runs.get("assistant_init", {})
+    resumed = runs.get("assistant_resumed", [])
 
     def trained(r: dict) -> str:
         return (f"AdamW (lr {r['lr']}, warm-up {r['warmup']} steps, cosine to 10%), batch {r['batch']} x {r['seq']},"
@@ -122,6 +123,8 @@ def drafters_section(dc: dict, ac, log: dict) -> str:
         f" Initialised from the MTP head's fc, norms, q_proj and MLP with o_proj = 0. Loss: depth 1 (t+2)"
         f" + {ra['w2']} x depth 2 (t+3, chained on its own output, same keys), each {_loss(ra['alpha'])}."
         f" {trained(ra)}.",
+        *(f"- Assistant head, resumed from the shipped head (`train_drafters --resume-assistant`), run {i + 1}:"
+          f" loss as above + {r['w3']} x depth 3 (t+4, chained again). {trained(r)}." for i, r in enumerate(resumed)),
         "",
         f"Held-out, teacher-forced agreement of each drafter's argmax with the target's argmax for the same"
         f" token ({m['windows']} windows, {m['positions']:,} positions; the windows of the measurement above),"

@@ -15,8 +15,10 @@ target's vocabulary.
 - Assistant head (``<out>/assistant_*``, see `gmlx.heads.assistant_head`): trained on the frozen
   target's hidden states and layer-`kv_layer` K/V with alpha * CE(target's softmax) + (1 - alpha) *
   CE(data) at depth 1 (token t+2; the teacher is the target's logits at t+1, free from the same
-  forward) plus w2 times the same at depth 2 (t+3, chained on its own output, same keys). It starts
-  from the MTP head (see `init_from_mtp`).
+  forward) plus w2 times the same at depth 2 (t+3, chained on its own output, same keys) and w3 at
+  depth 3 (t+4; the third draft of a K = 3 round, EAGLE-3's training-time test). It starts from the
+  MTP head (see `init_from_mtp`), or with `--resume-assistant` from the shipped head, so every
+  further run adds to it (the log keeps each run; `--checkpoint DIR` saves the head as it trains).
 
 A phase given 0 minutes keeps the shipped drafter and only re-measures it. Retraining the target
 (`train_default`) replaces the whole directory and so drops these drafters, as it must: they are
@@ -85,8 +87,10 @@ def truncated_target(target, target_cfg: dict, layers: int) -> tuple[llama.Model
     return draft, cfg
 
 
-def fit(module: nn.Module, loss_fn, data: np.ndarray, a, minutes: float, lr: float, label: str) -> dict:
-    """AdamW with warm-up then cosine to 10% over the steps the wall-clock budget allows."""
+def fit(module: nn.Module, loss_fn, data: np.ndarray, a, minutes: float, lr: float, label: str,
+        checkpoint=None) -> dict:
+    """AdamW with warm-up then cosine to 10% over the steps the wall-clock budget allows;
+    `checkpoint()` (if given) every 100 steps, so a run cut short keeps what it learned."""
     opt, step_fn, state = compiled_step(module, loss_fn, lr)
     tok_per_step = a.batch * (a.seq + 2)
     lr_at = BudgetSchedule(lr, a.warmup, max(a.warmup + 50, int(minutes * 60 * 1000 / tok_per_step)))
@@ -100,6 +104,8 @@ def fit(module: nn.Module, loss_fn, data: np.ndarray, a, minutes: float, lr: flo
         step += 1
         if step == 20:
             lr_at.reestimate(step, time.time() - t0, minutes * 60)
+        if checkpoint is not None and step % 100 == 0:
+            checkpoint()
         if step % 25 == 0:
             vals = [p.item() for p in parts]  # sync: progress log
             el = time.time() - t0
@@ -143,22 +149,38 @@ def init_from_mtp(head: AssistantHead, mtp) -> None:
     head.o_proj.weight = mx.zeros_like(head.o_proj.weight)
 
 
-def assistant_losses(head: AssistantHead, target, x: mx.array, alpha: float, w2: float):
-    """Teacher-forced depth 1 and chained depth 2 over one window x [B, N+1]; target frozen."""
+def assistant_unroll(head: AssistantHead, target, x: mx.array, depths: int) -> tuple[mx.array, list[mx.array]]:
+    """The head as the engine drafts, teacher-forced over one window x [B, N+1] (target frozen):
+    (the target's logits [B, N, V], row i predicting token i+1; [g_1 .. g_depths]), g_d [B, N-d, D]
+    row i the head's output at depth d from position i (predicting token i+1+d). Depth 1 reads
+    (x_{i+1}, h_i); depth d > 1 chains on the previous depth's output and the true token x_{i+d}
+    (the draft when it was right), with its query at i+d; every depth reads the keys 0..i."""
     B, N = x.shape[0], x.shape[1] - 1
     cache = make_prompt_cache(target.model)
     hid = target.backbone(x[:, :N], cache=cache)
     kv = cache[head.config.kv_layer]
     keys, values = kv.keys[:, :, :N], kv.values[:, :, :N]
     hid, keys, values = mx.stop_gradient(hid), mx.stop_gradient(keys), mx.stop_gradient(values)
-    teacher = mx.stop_gradient(target.lm_head(hid))  # row i: the target's prediction of token i+1
+    teacher = mx.stop_gradient(target.lm_head(hid))
     emb, norm = target.embed_tokens, target.final_norm
-    q1 = mx.full((B,), 1, dtype=mx.int32)
-    g1 = head(emb(x[:, 1:N]), hid[:, :-1], keys, values, q1, causal_key_mask(N - 1, N), norm)  # -> i+2
-    l1, ce1 = mixed_ce(target.lm_head(g1), teacher[:, 1:], x[:, 2:], alpha)
-    g2 = head(emb(x[:, 2:N]), g1[:, :-1], keys, values, q1 + 1, causal_key_mask(N - 2, N), norm)  # -> i+3
-    l2, ce2 = mixed_ce(target.lm_head(g2), teacher[:, 2:], x[:, 3:], alpha)
-    return l1 + w2 * l2, (ce1, ce2)
+    gs, g = [], hid
+    for d in range(1, depths + 1):
+        at = mx.full((B,), d, dtype=mx.int32)
+        g = head(emb(x[:, d:N]), g[:, :-1], keys, values, at, causal_key_mask(N - d, N), norm)
+        gs.append(g)
+    return teacher, gs
+
+
+def assistant_losses(head: AssistantHead, target, x: mx.array, alpha: float, w2: float, w3: float = 0.0):
+    """Depth 1 + w2 x depth 2 (+ w3 x depth 3 when w3 > 0), each mixed_ce against the target's
+    prediction of the same token; the parts: each depth's data CE."""
+    weights = [1.0, w2] + ([w3] if w3 > 0 else [])
+    teacher, gs = assistant_unroll(head, target, x, len(weights))
+    loss, parts = 0.0, []
+    for d, (w, g) in enumerate(zip(weights, gs), start=1):
+        l, ce = mixed_ce(target.lm_head(g), teacher[:, d:], x[:, d + 1:], alpha)
+        loss, parts = loss + w * l, parts + [ce]
+    return loss, tuple(parts)
 
 
 def export_draft(out: Path, draft: llama.Model, cfg: dict) -> None:
@@ -190,6 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--assistant-alpha", type=float, default=0.7,
                     help="weight of CE against the target's softmax (free: the same forward gives it)")
     ap.add_argument("--w2", type=float, default=0.5, help="weight of the assistant's chained depth-2 loss")
+    ap.add_argument("--w3", type=float, default=0.0, help="weight of the assistant's chained depth-3 loss")
+    ap.add_argument("--resume-assistant", action="store_true",
+                    help="continue from the shipped assistant head instead of the MTP head")
+    ap.add_argument("--checkpoint", type=Path, default=None, help="save the assistant here every 100 steps")
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=20, help="steps; both drafters start from trained weights")
@@ -221,15 +247,28 @@ def main(argv: list[str] | None = None) -> None:
     draft, _, cfg = mlx_lm.load(str(a.out / DRAFT_DIR), return_config=True)
 
     if a.minutes_assistant > 0:
-        head = AssistantHead(AssistantConfig.for_target(lm.config, mtp.config.intermediate_size, a.kv_layer))
-        init_from_mtp(head, mtp)
-        mx.eval(head.parameters())  # sync: materialise the initial weights
-        runs["assistant_init"] = agreement(target, None, head, None, val_ids, a.seq)
-        print(f"assistant at init (MTP weights): {runs['assistant_init']}", flush=True)
-        run = fit(head, lambda x: assistant_losses(head, target, x, a.assistant_alpha, a.w2), train_ids, a,
-                  a.minutes_assistant, a.assistant_lr, "assistant")
+        if a.resume_assistant:
+            head = load_assistant(a.out)
+            if head is None:
+                raise SystemExit(f"--resume-assistant: no assistant head in {a.out}")
+        else:
+            head = AssistantHead(AssistantConfig.for_target(lm.config, mtp.config.intermediate_size, a.kv_layer))
+            init_from_mtp(head, mtp)
+            mx.eval(head.parameters())  # sync: materialise the initial weights
+            runs["assistant_init"] = agreement(target, None, head, None, val_ids, a.seq)
+            print(f"assistant at init (MTP weights): {runs['assistant_init']}", flush=True)
+        if a.checkpoint is not None:
+            a.checkpoint.mkdir(parents=True, exist_ok=True)
+        run = fit(head, lambda x: assistant_losses(head, target, x, a.assistant_alpha, a.w2, a.w3), train_ids, a,
+                  a.minutes_assistant, a.assistant_lr, "assistant",
+                  checkpoint=None if a.checkpoint is None else lambda: save_assistant(head, a.checkpoint))
         save_assistant(head, a.out)
-        runs["assistant"] = {**common, "alpha": a.assistant_alpha, "w2": a.w2, "init": "mtp_head", **run}
+        run = {**common, "alpha": a.assistant_alpha, "w2": a.w2, "w3": a.w3, **run}
+        if a.resume_assistant:  # keep the first run's record; each resumed run is added after it
+            runs["assistant_resumed"] = runs.get("assistant_resumed", []) + [run]
+        else:
+            runs["assistant"] = {**run, "init": "mtp_head"}
+            runs.pop("assistant_resumed", None)
     head = load_assistant(a.out)
 
     metrics = agreement(target, draft, head, mtp, val_ids, a.seq)

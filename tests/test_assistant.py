@@ -64,6 +64,25 @@ def test_inference_step_matches_teacher_forced(setup):
 
 
 @pytest.mark.numerics
+def test_the_trainers_unroll_is_the_drafting_chain(setup):
+    """gmlx_training.train_drafters trains depths 1-3 through `assistant_unroll`: each depth must
+    be the step the drafter runs after the target cached 0..t, chained on the previous output."""
+    from gmlx_training.train_drafters import assistant_unroll
+
+    target, head, x = setup
+    teacher, gs = assistant_unroll(head, target, x, 3)
+    assert [g.shape[1] for g in gs] == [N - 1, N - 2, N - 3] and teacher.shape[1] == N
+    emb, norm = target.embed_tokens, target.final_norm
+    for t in (0, 6, N - 4):
+        hid, keys, values = prefix(target, head.config.kv_layer, x[:, : t + 1])
+        mask, g = key_mask([t + 1], keys.shape[2]), hid[:, -1:]
+        assert_close(target.lm_head(hid[:, -1]), teacher[:, t])
+        for d in range(1, 4):
+            g = head(emb(x[:, t + d : t + d + 1]), g, keys, values, mx.array([t + d]), mask, norm)
+            assert_close(g[:, 0], gs[d - 1][:, t])
+
+
+@pytest.mark.numerics
 def test_ragged_batch_equals_rows_alone(setup):
     target, head, x = setup
     kv, emb, norm = head.config.kv_layer, target.embed_tokens, target.final_norm
