@@ -73,7 +73,8 @@ def run_burst(lm, prompts, max_tokens: int, config: EngineConfig, switches: Swit
 def command_line(script: str, args) -> str:
     """The command that reproduces a run (every option but --out)."""
     return f"python benchmarks/{script} " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v is not None)
+        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in vars(args).items() if k != "out" and v is not None)
 
 
 def write_result(out: Path, name: str, result: dict) -> Path:

@@ -1,0 +1,93 @@
+"""Two checkpoints of a model's drafter, side by side: plain decoding vs the default engine (online
+control on, no calibration; or a fixed K) on each model directory given (the same target, a drafter retrained,
+say `train_drafters --resume-assistant` into a copy), at concurrency c. Closed loop, as
+bench_control.py: c requests in flight until all are done; arms interleaved per repeat, the
+order alternating; ratios are medians of per-repeat ratios to plain. Live acceptance is drafts
+accepted / drafted over the arm's requests.
+
+Run: ``python benchmarks/bench_heads.py --dirs old=gmlx/weights/default_model new=runs/dm_train --concurrency 1,2,4,8 --repeats 7``
+Writes bench_results/<utc>_heads.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import gmlx  # noqa: F401  (OpenBLAS before mlx)
+
+from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.data import load_prompts
+from gmlx.machine import describe
+from gmlx.models.loading import load
+
+from common import command_line, write_result
+
+
+def closed_loop(lm, config: EngineConfig, prompts: list, c: int, max_tokens: int) -> dict:
+    eng = Engine(lm, config)
+    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
+    todo, live, recs = list(prompts), [], []
+    t0 = time.perf_counter()
+    while todo or live:
+        while todo and len(live) < c:
+            live.append(eng.submit(todo.pop(0), params, start=False))
+        eng.step()
+        for s in [s for s in live if s.done]:
+            live.remove(s)
+            recs.append(s.result)
+    dt = time.perf_counter() - t0
+    eng.close()
+    drafted = sum(r.stats["num_drafted"] for r in recs)
+    return {"tok_s": sum(len(r.tokens) for r in recs) / dt,
+            "acc": sum(r.stats["num_accepted"] for r in recs) / drafted if drafted else None,
+            "spec_share": eng.counters.speculative_rounds / max(1, eng.counters.rounds)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dirs", nargs="+", required=True, help="NAME=PATH model directories (the same target)")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--num-draft-tokens", type=int, default=None,
+                    help="an explicit K for the drafting arms (K drafts every round, uncapped): acceptance"
+                         " then compares the heads at one K; default: the engine's own choice")
+    ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    a = ap.parse_args()
+    lms = {name: load(path) for name, path in (d.split("=", 1) for d in a.dirs)}
+    arms = {"plain": (next(iter(lms.values())), EngineConfig(speculative=False))}
+    fixed = {} if a.num_draft_tokens is None else {"num_draft_tokens": a.num_draft_tokens, "width_cap": 0}
+    arms.update({name: (lm, EngineConfig(**fixed)) for name, lm in lms.items()})
+    prompts = load_prompts()[: a.prompts]
+    result = {"command": command_line("bench_heads.py", a), "machine": describe(), "cells": []}
+    for lm, config in arms.values():  # warm-up: kernels, the probe, the allocator
+        closed_loop(lm, config, prompts[:2], 2, 8)
+    for c in map(int, a.concurrency.split(",")):
+        reps = {arm: [] for arm in arms}
+        for rep in range(a.repeats):
+            for arm in (list(arms) if rep % 2 == 0 else list(arms)[::-1]):
+                reps[arm].append(closed_loop(*arms[arm], prompts, c, a.max_tokens))
+        cell = {"c": c, "reps": reps, **{f"{arm}_tok_s": statistics.median(r["tok_s"] for r in reps[arm]) for arm in arms},
+                **{f"{arm}_vs_plain": statistics.median(x["tok_s"] / p["tok_s"] for x, p in zip(reps[arm], reps["plain"]))
+                   for arm in lms},
+                **{f"{arm}_acc": statistics.median(r["acc"] or 0.0 for r in reps[arm]) for arm in lms}}
+        result["cells"].append(cell)
+        print(f"c={c} " + "  ".join(f"{arm} {cell[f'{arm}_vs_plain']:.2f}x acc {cell[f'{arm}_acc']:.2f}" for arm in lms),
+              flush=True)
+    path = write_result(a.out, "heads", result)
+    lines = [f"`{result['command']}`", "", f"Machine: {result['machine']}", "",
+             "| c | plain tok/s | " + " | ".join(f"{n} tok/s, / plain, acceptance" for n in lms) + " |",
+             "|---|---|" + "---|" * len(lms)]
+    for x in result["cells"]:
+        lines.append(f"| {x['c']} | {x['plain_tok_s']:.1f} | " + " | ".join(
+            f"{x[f'{n}_tok_s']:.1f}, {x[f'{n}_vs_plain']:.2f}, {x[f'{n}_acc']:.2f}" for n in lms) + " |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
