@@ -16,18 +16,17 @@ import argparse
 import dataclasses
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
-from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import load
 
-from common import command_line, write_result
+from common import closed_loop as run_closed_loop, command_line, write_result
 
 ARMS = {
     "plain": (EngineConfig(speculative=False), Switches(control=False)),
@@ -60,24 +59,7 @@ def closed_loop(lm, arm: str, prompts: list, c: int, max_tokens: int) -> dict:
     config, switches = ARMS[arm]
     if lm.head is None and config.speculative is not False:
         config = dataclasses.replace(config, drafter="ngram")
-    eng = Engine(lm, config, switches=switches)
-    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
-    todo, live, recs = list(prompts), [], []
-    t0 = time.perf_counter()
-    while todo or live:
-        while todo and len(live) < c:
-            live.append(eng.submit(todo.pop(0), params, start=False))
-        eng.step()
-        for s in [s for s in live if s.done]:
-            live.remove(s)
-            recs.append(s.result)
-    dt = time.perf_counter() - t0
-    eng.close()
-    toks = sum(len(r.tokens) for r in recs)
-    drafted = sum(r.stats["num_drafted"] for r in recs)
-    return {"tok_s": toks / dt, "tokens": toks, "acc": sum(r.stats["num_accepted"] for r in recs) / drafted
-            if drafted else None, "speculation": recs[-1].stats.get("speculation", ""),
-            "spec_share": eng.counters.speculative_rounds / max(1, eng.counters.rounds)}
+    return run_closed_loop(Engine(lm, config, switches=switches), prompts, c, max_tokens)
 
 
 def main() -> None:

@@ -13,37 +13,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
-from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx import Engine, EngineConfig
 from gmlx.data import load_prompts
 from gmlx.machine import describe
 from gmlx.models.loading import load
 
-from common import command_line, write_result
+from common import closed_loop as run_closed_loop, command_line, write_result
 
 
 def closed_loop(lm, config: EngineConfig, prompts: list, c: int, max_tokens: int) -> dict:
-    eng = Engine(lm, config)
-    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
-    todo, live, recs = list(prompts), [], []
-    t0 = time.perf_counter()
-    while todo or live:
-        while todo and len(live) < c:
-            live.append(eng.submit(todo.pop(0), params, start=False))
-        eng.step()
-        for s in [s for s in live if s.done]:
-            live.remove(s)
-            recs.append(s.result)
-    dt = time.perf_counter() - t0
-    eng.close()
-    drafted = sum(r.stats["num_drafted"] for r in recs)
-    return {"tok_s": sum(len(r.tokens) for r in recs) / dt,
-            "acc": sum(r.stats["num_accepted"] for r in recs) / drafted if drafted else None,
-            "spec_share": eng.counters.speculative_rounds / max(1, eng.counters.rounds)}
+    return run_closed_loop(Engine(lm, config), prompts, c, max_tokens)
 
 
 def main() -> None:

@@ -83,3 +83,27 @@ def write_result(out: Path, name: str, result: dict) -> Path:
     path = out / f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}_{name}.json"
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return path
+
+
+def closed_loop(eng, prompts: list, c: int, max_tokens: int) -> dict:
+    """c requests of `prompts` in flight on `eng` (stepped here) until all are done; the engine is
+    closed after. Aggregate tokens/s over first submit .. last end, acceptance (drafts accepted /
+    drafted, None when none was drafted), the share of rounds that drafted, the last request's
+    `speculation` stat."""
+    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
+    todo, live, recs = list(prompts), [], []
+    t0 = time.perf_counter()
+    while todo or live:
+        while todo and len(live) < c:
+            live.append(eng.submit(todo.pop(0), params, start=False))
+        eng.step()
+        for s in [s for s in live if s.done]:
+            live.remove(s)
+            recs.append(s.result)
+    dt = time.perf_counter() - t0
+    eng.close()
+    toks = sum(len(r.tokens) for r in recs)
+    drafted = sum(r.stats["num_drafted"] for r in recs)
+    return {"tok_s": toks / dt, "tokens": toks, "acc": sum(r.stats["num_accepted"] for r in recs) / drafted
+            if drafted else None, "speculation": recs[-1].stats.get("speculation", ""),
+            "spec_share": eng.counters.speculative_rounds / max(1, eng.counters.rounds)}
