@@ -1,11 +1,14 @@
 """Two checkpoints of a model's drafter, side by side: plain decoding vs the default engine (online
 control on, no calibration; or a fixed K) on each model directory given (the same target, a drafter retrained,
-say `train_drafters --resume-assistant` into a copy), at concurrency c. Closed loop, as
+say `train_drafters --resume-assistant` into a copy) or, with `--model smollm2-f32|smollm2-q`, each
+EAGLE-3 checkpoint given (`--heads`, as `--drafter eagle3 --draft-model PATH`), at concurrency c. Closed loop, as
 bench_control.py: c requests in flight until all are done; arms interleaved per repeat, the
 order alternating; ratios are medians of per-repeat ratios to plain. Live acceptance is drafts
 accepted / drafted over the arm's requests.
 
 Run: ``python benchmarks/bench_heads.py --dirs old=gmlx/weights/default_model new=runs/dm_train --concurrency 1,2,4,8 --repeats 7``
+or ``python benchmarks/bench_heads.py --model smollm2-f32 --heads old=gmlx/weights/smollm2/eagle3 new=runs/e3
+--prompt-set chat --concurrency 1`` (bench_matrix.py's code or chat questions through the chat template).
 Writes bench_results/<utc>_heads.json and .md.
 """
 
@@ -29,9 +32,42 @@ def closed_loop(lm, config: EngineConfig, prompts: list, c: int, max_tokens: int
     return run_closed_loop(Engine(lm, config), prompts, c, max_tokens)
 
 
+def arms_for(a) -> tuple[dict, dict]:
+    """{arm: (loaded model, EngineConfig)} with plain first, and the drafting arms' names."""
+    fixed = {} if a.num_draft_tokens is None else {"num_draft_tokens": a.num_draft_tokens, "width_cap": 0}
+    pairs = [d.split("=", 1) for d in (a.dirs or a.heads)]
+    if a.dirs:
+        lms = {name: load(path) for name, path in pairs}
+        drafting = {name: (lm, EngineConfig(**fixed)) for name, lm in lms.items()}
+    else:
+        from gmlx.gguf.smollm2 import converted
+
+        lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
+        drafting = {name: (lm, EngineConfig(drafter="eagle3", draft_model=path, **fixed)) for name, path in pairs}
+    plain = (next(iter(drafting.values()))[0], EngineConfig(speculative=False))
+    return {"plain": plain, **drafting}, drafting
+
+
+def prompt_set(lm, name: str) -> list:
+    """The shipped prompts (text, encoded by the engine), or bench_matrix.py's code / chat
+    questions through the model's chat template (token ids)."""
+    if name == "shipped":
+        return load_prompts()
+    from bench_matrix import CHAT_ASKS, CODE_ASKS
+
+    tok = lm.tokenizer
+    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
+            for q in (CODE_ASKS if name == "code" else CHAT_ASKS)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dirs", nargs="+", required=True, help="NAME=PATH model directories (the same target)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dirs", nargs="+", help="NAME=PATH model directories (the same target)")
+    src.add_argument("--heads", nargs="+", help="NAME=PATH EAGLE-3 checkpoints for --model")
+    ap.add_argument("--model", choices=("smollm2-f32", "smollm2-q"), default="smollm2-f32",
+                    help="the target of --heads")
+    ap.add_argument("--prompt-set", choices=("shipped", "code", "chat"), default="shipped")
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--prompts", type=int, default=8)
@@ -41,11 +77,8 @@ def main() -> None:
                          " then compares the heads at one K; default: the engine's own choice")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
-    lms = {name: load(path) for name, path in (d.split("=", 1) for d in a.dirs)}
-    arms = {"plain": (next(iter(lms.values())), EngineConfig(speculative=False))}
-    fixed = {} if a.num_draft_tokens is None else {"num_draft_tokens": a.num_draft_tokens, "width_cap": 0}
-    arms.update({name: (lm, EngineConfig(**fixed)) for name, lm in lms.items()})
-    prompts = load_prompts()[: a.prompts]
+    arms, lms = arms_for(a)
+    prompts = prompt_set(arms["plain"][0], a.prompt_set)[: a.prompts]
     result = {"command": command_line("bench_heads.py", a), "machine": describe(), "cells": []}
     for lm, config in arms.values():  # warm-up: kernels, the probe, the allocator
         closed_loop(lm, config, prompts[:2], 2, 8)
