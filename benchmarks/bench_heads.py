@@ -65,8 +65,8 @@ def main() -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--dirs", nargs="+", help="NAME=PATH model directories (the same target)")
     src.add_argument("--heads", nargs="+", help="NAME=PATH EAGLE-3 checkpoints for --model")
-    ap.add_argument("--model", choices=("smollm2-f32", "smollm2-q"), default="smollm2-f32",
-                    help="the target of --heads")
+    ap.add_argument("--model", choices=("smollm2-f32", "smollm2-q"),
+                    help="the target of --heads (default smollm2-f32); --dirs name their own")
     ap.add_argument("--prompt-set", choices=("shipped", "code", "chat"), default="shipped")
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=7)
@@ -77,6 +77,10 @@ def main() -> None:
                          " then compares the heads at one K; default: the engine's own choice")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
+    if a.dirs and a.model:
+        ap.error("--model is the target of --heads; each --dirs directory is its own model")
+    if a.heads and a.model is None:
+        a.model = "smollm2-f32"  # recorded in the command line, which then reproduces the run
     arms, lms = arms_for(a)
     prompts = prompt_set(arms["plain"][0], a.prompt_set)[: a.prompts]
     result = {"command": command_line("bench_heads.py", a), "machine": describe(), "cells": []}
