@@ -7,7 +7,9 @@ same arms where compute matters. Arms, interleaved in one run (medians of per-re
   width 1     gmlx plain (Engine, engine thread, read from its stream) vs mlx-lm stream_generate
   width W     gmlx plain batch vs mlx-lm BatchGenerator (W requests submitted together)
   speculation gmlx scalar speculative vs gmlx plain (micro: the target as its own draft model,
-              so every draft is accepted and the ratio is the host's ceiling; embedded: its MTP head)
+              so every draft is accepted and the ratio is the host's ceiling; embedded: its MTP head;
+              smollm2-f32 / smollm2-q: the shipped EAGLE-3 head drafting K = 3 every round, on
+              held-out code questions in the chat template: a speculative round's own costs)
 
 Every arm is timed as its consumer sees tokens: from the first token to the last (prefill and
 the first token excluded), greedy, EOS ignored, fixed length. Then a per-round breakdown of the
@@ -82,9 +84,27 @@ def mlx_batch(lm, prompts: list[list[int]], n: int) -> float:
     return (count - len(prompts)) / (last - first) if last > first else 0.0
 
 
+def model_for(name: str, tmp: Path):
+    """(model, draft model, prompts) for a --models name."""
+    if name == "micro":
+        lm = load(make_micro_model(tmp / "micro"), drafter=False)
+        return lm, lm, [lm.tokenizer.encode(p) for p in load_prompts()[:16]]  # the target drafts for itself
+    if name.startswith("smollm2"):
+        from gmlx.gguf.smollm2 import converted
+        from bench_matrix import CODE_ASKS
+
+        lm = load(converted("float32" if name == "smollm2-f32" else "q"))
+        chat = [list(lm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
+                for q in CODE_ASKS]
+        return lm, None, chat * 4
+    lm = load()
+    return lm, None, [lm.tokenizer.encode(p) for p in load_prompts()[:16]]
+
+
 def arms_for(name: str, lm, draft_model, prompts: list[list[int]], widths: list[int], n: int) -> dict:
     plain = Engine(lm, EngineConfig(speculative=False))
-    spec = Engine(lm, EngineConfig(), draft_model=draft_model)
+    spec = Engine(lm, EngineConfig(num_draft_tokens=3) if name.startswith("smollm2") else EngineConfig(),
+                  draft_model=draft_model)
     arms = {f"{name}/w1/gmlx_plain": lambda: gmlx_streams(plain, prompts[:1], n),
             f"{name}/w1/mlx_lm_stream": lambda: mlx_stream(lm, prompts[0], n),
             f"{name}/w1/gmlx_spec": lambda: gmlx_streams(spec, prompts[:1], n)}
@@ -129,12 +149,7 @@ def main() -> None:
     result = {"machine": describe(), "command": command_line("bench_host.py", args), "models": {}}
     tmp = Path(tempfile.mkdtemp(prefix="gmlx-micro-"))
     for name in args.models.split(","):
-        if name == "micro":
-            lm = load(make_micro_model(tmp / "micro"), drafter=False)
-            draft = lm  # the target drafts for itself: every draft is accepted
-        else:
-            lm, draft = load(), None
-        prompts = [lm.tokenizer.encode(p) for p in load_prompts()[:16]]
+        lm, draft, prompts = model_for(name, tmp)
         built = arms_for(name, lm, draft, prompts, widths, args.tokens)
         reps = interleaved(built["arms"], args.repeats)
         ratios = {"w1 gmlx_plain / mlx_lm_stream": ratio(reps, f"{name}/w1/gmlx_plain", f"{name}/w1/mlx_lm_stream"),

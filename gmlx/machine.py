@@ -39,15 +39,29 @@ def git_commit(cwd: Path | None = None) -> str | None:
         return None
 
 
+def accelerator() -> str:
+    """The device MLX computes on, with its name: "Device(gpu, 0) NVIDIA H200", "Device(cpu, 0) AMD EPYC"
+    (a GPU run's results must say so: the same code measures very differently there)."""
+    import mlx.core as mx
+
+    try:
+        name = mx.device_info().get("device_name", "")
+    except Exception:  # noqa: BLE001 - an MLX without device_info: the device alone
+        name = ""
+    return f"{mx.default_device()} {name}".strip()
+
+
 def describe() -> dict:
     return {
         "cpu": cpu_name(),
+        "device": accelerator(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "blas": blas.active_blas(),
         "mlx": version("mlx"),
         "mlx_lm": version("mlx-lm"),
+        "mlx_cuda": version("mlx-cuda-13") or version("mlx-cuda-12"),
         "gmlx": version("gmlx"),
         "git_commit": git_commit(),
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
