@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from functools import partial
 
 import mlx.core as mx
@@ -149,3 +150,14 @@ def test_unsupported_files_are_one_line_errors(tmp_path):
     assert r.code == 0 and "GGUF tiny.gguf (F16 x15, F32 x5; dequantized to float32" in r.stdout, r
     with pytest.raises(GGUFError, match="Q4_K"):
         convert_gguf(tmp_path / "q4k.gguf", tmp_path / "o2")
+
+
+def test_a_transformers_without_the_gguf_tokenizer_converter_is_a_one_line_error(tmp_path, monkeypatch):
+    """transformers 5.17 and before (mlx-lm allows >= 5.7; a device machine had 5.17) keep an older
+    converter that builds another tokenizer: the conversion stops with the upgrade command and
+    leaves no directory behind, rather than a traceback or a silently different tokenizer."""
+    monkeypatch.setitem(sys.modules, "transformers.integrations.gguf.gguf_tokenizer_mapping", None)  # import fails
+    tiny_llama(tmp_path / "tiny.gguf")
+    r = cli_run("convert", str(tmp_path / "tiny.gguf"), str(tmp_path / "o"), env={"GMLX_CACHE": str(tmp_path / "c")})
+    assert_one_line_error(r, "cannot build a GGUF file's tokenizer", "transformers>=5.18,<6")
+    assert not (tmp_path / "o").exists()

@@ -29,13 +29,28 @@ def eos_ids(meta: dict) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
+def _converter():
+    """transformers' GGUF metadata names and tokenizer converter (`integrations.gguf`, transformers
+    >= 5.18). 5.17 and before keep an older converter elsewhere that builds another tokenizer
+    (byte fallback, no pre-tokenizer type), so an older transformers is an error, never a fallback."""
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
+    except ImportError:
+        import transformers
+
+        raise GGUFError(f"transformers {transformers.__version__} cannot build a GGUF file's tokenizer as gmlx"
+                        " needs; run `pip install -U 'transformers>=5.18,<6'`") from None
+    return GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+
 def write_tokenizer(meta: dict, out: Path, context_length: int | None) -> None:
     """Write tokenizer.json and tokenizer_config.json (chat template, special tokens) into `out`."""
     from tokenizers import pre_tokenizers
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        GGUF_TOKENIZER_MAPPING,
-        convert_gguf_tokenizer,
-    )
+
+    GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer = _converter()
 
     grouped = {
         group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in meta}
