@@ -1,0 +1,92 @@
+"""Live acceptance against held-out acceptance, on the very same streams: is the gap between the
+EAGLE-3 head's held-out figures (the trainer's `agreement`) and what it accepts live a bug in the
+live path or a harder set of questions?
+
+For each of bench_matrix.py's questions (code and chat; none in the training data), SmolLM2 float32
+answers greedily with the head drafting K = 3 every round (accepted drafts per round, live); then the
+same prompt + answer is read by the target once (`smollm2_data.teacher_forced`, with the streams the
+head reads) and scored as held-out data is (`train_smollm2_eagle3.agreement`: mean accepted drafts of
+a 3-chain over the answer's positions).
+
+Run: ``python -m gmlx_training.replay_smollm2_eagle3 [--head DIR] [--max-tokens 96]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gmlx import blas
+
+blas.ensure_loaded()
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from gmlx import Engine, EngineConfig, SamplingParams  # noqa: E402
+from gmlx.config import Switches  # noqa: E402
+from gmlx.gguf.smollm2 import converted  # noqa: E402
+from gmlx.heads.draft_vocab import lm_head_rows  # noqa: E402
+from gmlx.heads.eagle3_checkpoint import layer_args, read_weights  # noqa: E402
+from gmlx.heads.eagle3_head import Eagle3Model  # noqa: E402
+from gmlx.heads.eagle3_streams import layers_entering  # noqa: E402
+from gmlx.models.loading import load  # noqa: E402
+from gmlx.weights import SMOLLM2_EAGLE3  # noqa: E402
+from gmlx_training.smollm2_data import Taps, teacher_forced  # noqa: E402
+from gmlx_training.train_smollm2_eagle3 import agreement, windows  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_matrix import CHAT_ASKS, CODE_ASKS  # noqa: E402
+
+
+def head_model(head: Path, target):
+    """The checkpoint as the trainer holds it: (model, its LM-head rows, target id -> draft id)."""
+    w = read_weights(head)
+    ids = (np.arange(len(w["d2t"])) + np.array(w["d2t"])).astype(np.int32)
+    cfg = json.loads((head / "config.json").read_text())
+    model = Eagle3Model(layer_args(cfg), cfg["target_hidden_size"], len(ids),
+                        len(layers_entering({}, target.num_layers)), own_lm_head=False)
+    model.load_weights([(k, v) for k, v in w.items() if k not in ("d2t", "t2d")])
+    model.set_dtype(mx.float32, lambda d: mx.issubdtype(d, mx.floating))
+    rows = lm_head_rows(target, mx.array(ids))
+    mx.eval(model.parameters(), rows)  # sync: materialise the head once
+    to_sub = np.full(target.vocab_size, -1, dtype=np.int32)
+    to_sub[ids] = np.arange(len(ids), dtype=np.int32)
+    return model, rows, to_sub
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head", type=Path, default=SMOLLM2_EAGLE3)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    a = ap.parse_args(argv)
+    lm = load(converted("float32"))
+    target = lm.target
+    model, rows, to_sub = head_model(a.head, target)
+    taps = Taps(target, True)
+    eng = Engine(lm, EngineConfig(drafter="eagle3", draft_model=str(a.head), num_draft_tokens=3, width_cap=0,
+                                  prompt_cache_bytes=0), switches=Switches(control=False))
+    for kind, asks in (("code", CODE_ASKS), ("chat", CHAT_ASKS)):
+        accepted = rounds = 0
+        replay = []
+        for q in asks:
+            p = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
+            r = eng.generate(p, SamplingParams(max_tokens=a.max_tokens, seed=0, ignore_eos=True))
+            accepted, rounds = accepted + r.stats["num_accepted"], rounds + r.stats["num_rounds"]
+            row = teacher_forced(target, [p + r.tokens], taps)[0]
+            row["prompt_len"] = len(p)
+            replay.append(row)
+        shard = {k: np.concatenate([x[k] for x in replay]) for k in ("tokens", "hidden", "argmax", "aux")}
+        shard |= {"starts": np.cumsum([0] + [len(x["tokens"]) for x in replay]),
+                  "prompt_len": np.array([x["prompt_len"] for x in replay])}
+        ag = agreement(model, target.embed_tokens, rows, windows([shard], 128, 3, to_sub, [kind]), 3)
+        print(f"{kind}: live {accepted / rounds:.3f} accepted drafts per round ({rounds} rounds, K = 3); held-out"
+              f" scoring of the same answers {ag['accept_answer']:.3f}; agreement at t+2..t+4"
+              f" {ag['t2']:.3f} {ag['t3']:.3f} {ag['t4']:.3f}", flush=True)
+    eng.close()
+
+
+if __name__ == "__main__":
+    main()
