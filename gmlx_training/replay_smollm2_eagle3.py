@@ -14,7 +14,6 @@ Run: ``python -m gmlx_training.replay_smollm2_eagle3 [--head DIR] [--max-tokens 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,10 +27,7 @@ import numpy as np  # noqa: E402
 from gmlx import Engine, EngineConfig, SamplingParams  # noqa: E402
 from gmlx.config import Switches  # noqa: E402
 from gmlx.gguf.smollm2 import converted  # noqa: E402
-from gmlx.heads.draft_vocab import lm_head_rows  # noqa: E402
-from gmlx.heads.eagle3_checkpoint import layer_args, read_weights  # noqa: E402
-from gmlx.heads.eagle3_head import Eagle3Model  # noqa: E402
-from gmlx.heads.eagle3_streams import layers_entering  # noqa: E402
+from gmlx.heads.eagle3_checkpoint import load_eagle3_head  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
 from gmlx.weights import SMOLLM2_EAGLE3  # noqa: E402
 from gmlx_training.smollm2_data import Taps, teacher_forced  # noqa: E402
@@ -41,20 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_matrix import CHAT_ASKS, CODE_ASKS  # noqa: E402
 
 
-def head_model(head: Path, target):
-    """The checkpoint as the trainer holds it: (model, its LM-head rows, target id -> draft id)."""
-    w = read_weights(head)
-    ids = (np.arange(len(w["d2t"])) + np.array(w["d2t"])).astype(np.int32)
-    cfg = json.loads((head / "config.json").read_text())
-    model = Eagle3Model(layer_args(cfg), cfg["target_hidden_size"], len(ids),
-                        len(layers_entering({}, target.num_layers)), own_lm_head=False)
-    model.load_weights([(k, v) for k, v in w.items() if k not in ("d2t", "t2d")])
+def head_model(head: Path, lm):
+    """The checkpoint as gmlx loads it for drafting (`load_eagle3_head`), in float32 as the trainer
+    scores it: (its module, its LM-head rows, target id -> draft id)."""
+    bound = load_eagle3_head(head, lm).head
+    model = bound.module
     model.set_dtype(mx.float32, lambda d: mx.issubdtype(d, mx.floating))
-    rows = lm_head_rows(target, mx.array(ids))
-    mx.eval(model.parameters(), rows)  # sync: materialise the head once
-    to_sub = np.full(target.vocab_size, -1, dtype=np.int32)
+    ids = np.array(bound.ids)  # sync: once, the draft vocabulary's target ids
+    to_sub = np.full(lm.target.vocab_size, -1, dtype=np.int32)
     to_sub[ids] = np.arange(len(ids), dtype=np.int32)
-    return model, rows, to_sub
+    return model, bound.rows.astype(mx.float32), to_sub
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     lm = load(converted("float32"))
     target = lm.target
-    model, rows, to_sub = head_model(a.head, target)
+    model, rows, to_sub = head_model(a.head, lm)
     taps = Taps(target, True)
     eng = Engine(lm, EngineConfig(drafter="eagle3", draft_model=str(a.head), num_draft_tokens=3, width_cap=0,
                                   prompt_cache_bytes=0), switches=Switches(control=False))
