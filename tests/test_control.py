@@ -13,7 +13,7 @@ from gmlx.policy import control, width_control
 from gmlx.policy.control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, Acceptance, Controller
 from gmlx.policy.width_control import EXPLORE_SOON
 from gmlx.policy.costs import Costs
-from gmlx.policy.figures import DECAY
+from gmlx.policy.figures import DECAY, LONE_PRIOR_ROUNDS
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
 COSTS = Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.05)
@@ -203,7 +203,7 @@ def test_a_confirmed_try_starts_the_back_off_over():
 def test_a_new_lone_request_starts_from_the_requests_before_not_the_last_ones_end():
     """Width 1's pool decays at LONE_DECAY: 60 rounds accepting half their drafts, then 20 accepting
     none (the end of one request) leave the pool well above what the per-round DECAY would
-    leave; a request's copy follows its own rounds at DECAY, worth no more than DECAY keeps."""
+    leave; a request's copy follows its own rounds at DECAY, its rates worth LONE_PRIOR_ROUNDS rounds."""
     ctl = fresh()
     for i in range(60):
         ctl.observe(1, 1, None, [(1, i % 2)])
@@ -216,8 +216,44 @@ def test_a_new_lone_request_starts_from_the_requests_before_not_the_last_ones_en
         quick.record(1, 0)
     pool, own = ctl.at(1).acceptance, ctl.pooled(1)
     assert pool.alpha > quick.alpha + 0.05 and own.alpha == pytest.approx(pool.alpha), (pool.alpha, quick.alpha)
-    assert own.decay == DECAY and own.successes + own.failures <= 1 / (1 - DECAY) + 1e-9
+    assert own.decay == DECAY and own.depth[0][1] == pytest.approx(LONE_PRIOR_ROUNDS)  # the pool's 100 rounds, worth 8
     assert ctl.at(2).acceptance.decay == DECAY  # batch widths keep the per-round rate
+
+
+def _lone_request_after_a_pool(accepts, rounds=60):
+    """Width 1 after 100 K=3 rounds accepting 1 draft a round on average (2 tokens in 1.4 plain
+    steps: 1.43x, paired with plain rounds); then one request whose round r accepts accepts(r) of
+    its drafts, stopped as the scalar lane stops it (gmlx/decode/scalar.py). The round it went
+    plain at, or None."""
+    from gmlx.decode.scalar import MIN_ROUNDS_TO_STOP
+    ctl = fresh()
+    for i in range(100):
+        ctl.observe(1, 3, 0.014, [(3, (1, 1, 2, 0)[i % 4])])
+        if i % 6 == 0:
+            feed(ctl, 1, 0, 0.010, accepted=0)
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice = 3, MIN_EVIDENCE
+    own = ctl.pooled(1)
+    for r in range(1, rounds + 1):
+        c = ctl.choose(1, 3, own)
+        if own.rounds >= MIN_ROUNDS_TO_STOP and c.k == 0:
+            return r
+        a = min(c.k, accepts(r))
+        own.record(c.k, a)
+        ctl.observe(1, c.k, 0.010 + 0.004 * c.k / 3, [(c.k, a)])
+    return None
+
+
+def test_a_lone_request_unlike_the_pool_goes_plain_on_its_own_rounds():
+    """A request that accepts nothing after requests that accepted well (a chat answer after code
+    ones) starts from the pool's rates worth LONE_PRIOR_ROUNDS rounds, so its own rounds decide:
+    plain by round 13 (at the pool's full weight, ~33 rounds at DECAY, it drafted until round 21,
+    most of a 48-token answer). One that accepts like the pool never stops, nor one whose first
+    MIN_ROUNDS_TO_STOP rounds accept nothing (a code answer's prose before its code)."""
+    assert _lone_request_after_a_pool(lambda r: 0) <= 13
+    assert _lone_request_after_a_pool(lambda r: 1 if r % 4 == 0 else 0) <= 21
+    assert _lone_request_after_a_pool(lambda r: (1, 1, 2, 0)[r % 4]) is None
+    assert _lone_request_after_a_pool(lambda r: 0 if r <= 8 else (1, 1, 2, 0)[r % 4]) is None
 
 
 @pytest.mark.parametrize("own, speculates", [(0.1, False), (0.5, True)])

@@ -70,7 +70,7 @@ import weakref
 
 from gmlx.policy.costs import Costs
 from gmlx.policy.choice import Choice
-from gmlx.policy.figures import DECAY, LONE_DECAY, PRIOR_WEIGHT, Acceptance, Times, bucket, owner
+from gmlx.policy.figures import DECAY, LONE_DECAY, LONE_PRIOR_ROUNDS, PRIOR_WEIGHT, Acceptance, Times, bucket, owner
 from gmlx.policy.width_control import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                        REFRESH_WINDOW, RETRY_AFTER, TRY_WITHIN, WidthControl)
 
@@ -186,9 +186,9 @@ class Controller:
         return wc is not None and wc.current == 0
 
     def pooled(self, width: int) -> Acceptance:
-        """A copy of this width's recent acceptance: a new lone request starts from it, and then
-        follows its own rounds at the usual rate (DECAY)."""
-        return self.at(width).acceptance.copy(DECAY)
+        """A copy of this width's recent acceptance: a new lone request starts from its rates,
+        worth LONE_PRIOR_ROUNDS rounds, and then follows its own rounds at the usual rate (DECAY)."""
+        return self.at(width).acceptance.copy(DECAY, LONE_PRIOR_ROUNDS)
 
     def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]],
                 steady: bool = True) -> None:

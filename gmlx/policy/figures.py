@@ -21,6 +21,13 @@ DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing 
 # one's end — at 0.97 a SmolLM2 request accepting 0.32 over its last rounds made the next one
 # predict 1.02x (K = 1 had measured 1.17x over the requests before) and wait out the back-off.
 LONE_DECAY = 0.99
+# ... and a new lone request's own estimate starts from that pool worth at most this many rounds:
+# the pool's rates, not its weight. Copied at the pool's full steady-state weight (~33 rounds at
+# DECAY), a SmolLM2 chat request after code ones (accepting 10-13 % against the pool's ~40 %)
+# outweighed it only after ~23 of its own rounds and drafted at a loss through most of a 48-token
+# answer (bench_matrix's chat default 0.93x). At 8 its own rounds weigh as much by the time it may
+# stop (MIN_ROUNDS_TO_STOP, gmlx/decode/scalar.py).
+LONE_PRIOR_ROUNDS = 8.0
 MARGIN = 1.05  # hysteresis: plain is left for speculation predicted at least 5 % better
 # ... and speculation is left when predicted under 3 % better: a steady-state gain that small does
 # not pay for what the estimate leaves out (a request's drafter arming, a gate and its resume; a
@@ -104,11 +111,14 @@ class Acceptance:
         self.memo[k, hope] = total
         return total
 
-    def copy(self, decay: float) -> "Acceptance":
+    def copy(self, decay: float, rounds: float | None = None) -> "Acceptance":
         """A copy with its own counts (a new lone request starts from the width's), decaying at
         `decay`; from a slower-decaying pool its counts are scaled to what `decay` keeps in steady
-        state (the same rates, no more weight against the request's own rounds than before)."""
+        state, and to at most `rounds` rounds' weight (every round reaches position 0): the same
+        rates, their weight against the copy's own rounds bounded."""
         w = min(1.0, (1.0 - self.decay) / (1.0 - decay)) if decay < 1.0 else 1.0
+        if rounds is not None and self.depth and self.depth[0][1] * w > rounds:
+            w = rounds / self.depth[0][1]
         return Acceptance(self.successes * w, self.failures * w, 0, decay,
                           [[h * w, r * w] for h, r in self.depth])
 
