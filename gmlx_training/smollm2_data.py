@@ -13,6 +13,9 @@ samples at T=0.8, the others are greedy. Each batch becomes one shard `DIR/{spli
 - aux [N, 3 D] float16 (with `--aux`): the residual streams entering the layers an EAGLE-3 head
   reads (`gmlx.heads.eagle3_streams.layers_entering`: 2, 15 and 27 of SmolLM2's 30), concatenated.
 
+`--self-ask N`: the training split's chat prompts are N questions the target writes itself
+(`gmlx_training.self_ask`; listed in DIR/self_asked.json); the held-out split keeps the templates.
+
 `--model embedded`: the same for gmlx's embedded default model (a code model without a chat
 template): code prompts only, cut from `--files` standard-library files per split.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
@@ -39,6 +43,7 @@ from mlx_lm.models.cache import BatchKVCache  # noqa: E402
 from gmlx.gguf import smollm2  # noqa: E402
 from gmlx.heads.eagle3_streams import tapped, layers_entering  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
+from gmlx_training import self_ask  # noqa: E402
 from gmlx_training.smollm2_prompts import build  # noqa: E402
 
 
@@ -111,6 +116,21 @@ def generate(target, prompts: list[list[int]], max_new: int, temp: float, eos: s
     return rows
 
 
+def self_asked(lm, target, eos: set[int], n: int, seed: int, batch: int) -> list[str]:
+    """Up to n distinct questions the target writes itself (gmlx_training/self_ask.py), sampled."""
+    metas = self_ask.meta_prompts(random.Random(seed), n)
+    out, seen = [], set()
+    for j in range(0, n, batch):
+        ids = [encode(lm, "chat", m, 10_000) for m in metas[j : j + batch]]
+        for row in generate(target, ids, 48, 0.7, eos):
+            reply = [int(t) for t in row["tokens"][row["prompt_len"]:] if int(t) not in eos]
+            q = self_ask.question(lm.tokenizer.decode(reply))
+            if q is not None and q not in seen:
+                seen.add(q)
+                out.append(q)
+    return out
+
+
 def teacher_forced(target, windows: list[list[int]], taps: Taps | None = None) -> list[dict]:
     """Rows of the same length read in one forward: no answer, every position is prompt."""
     taps = taps or Taps(target, False)
@@ -170,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", choices=("smollm2", "embedded"), default="smollm2",
                     help="the target: SmolLM2's fp32 conversion, or the embedded default model (code only)")
     ap.add_argument("--general", action="store_true", help="add general chat prompts (gmlx_training/chat_topics.py)")
+    ap.add_argument("--self-ask", type=int, default=0, metavar="N",
+                    help="the training split's chat prompts: N questions the model writes itself (self_ask.py)")
     ap.add_argument("--files", type=int, default=400, help="standard-library files per split prompts are cut from")
     a = ap.parse_args(argv)
     mx.random.seed(a.seed)
@@ -179,6 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     target.model.freeze()
     taps = Taps(target, a.aux)
     prompts = build(a.seed, a.files, a.general)
+    if a.self_ask:  # the held-out split keeps the templated questions: figures stay comparable across runs
+        ts = time.time()
+        prompts["train"]["chat"] = self_asked(lm, target, eos, a.self_ask, a.seed, a.batch)
+        (a.out / "self_asked.json").write_text(json.dumps(prompts["train"]["chat"], indent=1) + "\n")
+        print(f"{len(prompts['train']['chat'])} self-asked questions in {time.time() - ts:.0f}s", flush=True)
     kinds = ("code", "chat") if a.model == "smollm2" else ("code",)
     plan = []  # (split, kind, [ids]) batches, prompts sorted by length within a kind to limit padding
     for split in ("val", "train"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from gmlx_training import chat_topics
+from gmlx_training import chat_topics, self_ask
 from gmlx_training.smollm2_prompts import build
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_matrix.py"
@@ -38,3 +38,19 @@ def test_the_benchmark_questions_are_held_out():
     assert not prompts & set(asks)
     words = ("vaccin", "exercise", "rainbow", "leaves")  # the chat asks' subjects
     assert not [p for p in chat_topics.general(__import__("random").Random(1)) if any(w in p.lower() for w in words)]
+
+
+def test_self_asked_questions_are_cleaned_and_keep_the_benchmark_held_out():
+    """The model's reply to a meta-prompt gives its first line without labels or quotes; a reply on
+    one of the benchmark's subjects (or too short to be a question) is dropped."""
+    assert self_ask.question('\n**Question:** "How do owls see at night?"\nThey have...') == "How do owls see at night?"
+    assert self_ask.question("1. Write a function that reverses a list of words.") == \
+        "Write a function that reverses a list of words."
+    assert self_ask.question("A programmer might ask: What is a generator in Python?") == "What is a generator in Python?"
+    assert self_ask.question("Teacher: What is a castle made of?") == "What is a castle made of?"
+    assert self_ask.question("Why?") is None and self_ask.question("") is None
+    for ask in _bench_asks():  # each benchmark question, as the model might ask it
+        assert self_ask.question(ask) is None, ask
+    metas = self_ask.meta_prompts(__import__("random").Random(0), 40)
+    assert metas == self_ask.meta_prompts(__import__("random").Random(0), 40) and len(set(metas)) > 30
+    assert sum(m.startswith(tuple(a.split("{}")[0] for a in self_ask.CODE_ASK)) for m in metas) == 10
