@@ -26,7 +26,7 @@ LONE_DECAY = 0.99
 # DECAY), a SmolLM2 chat request after code ones (accepting 10-13 % against the pool's ~40 %)
 # outweighed it only after ~23 of its own rounds and drafted at a loss through most of a 48-token
 # answer (bench_matrix's chat default 0.93x). At 8 its own rounds weigh as much by the time it may
-# stop (MIN_ROUNDS_TO_STOP, gmlx/decode/scalar.py).
+# stop (MIN_ROUNDS_TO_STOP, gmlx/decode/scalar.py). Both side by side: benchmarks/bench_lone_prior.py.
 LONE_PRIOR_ROUNDS = 8.0
 MARGIN = 1.05  # hysteresis: plain is left for speculation predicted at least 5 % better
 # ... and speculation is left when predicted under 3 % better: a steady-state gain that small does
