@@ -41,8 +41,9 @@ def test_the_benchmark_questions_are_held_out():
 
 
 def test_self_asked_questions_are_cleaned_and_keep_the_benchmark_held_out():
-    """The model's reply to a meta-prompt gives its first line without labels or quotes; a reply on
-    one of the benchmark's subjects (or too short to be a question) is dropped."""
+    """The model's reply to a meta-prompt gives its question (quoted, or the first question or
+    request) without labels, framing or numbering; one on the benchmark's subjects (or too short
+    to be a question) is dropped."""
     assert self_ask.question('\n**Question:** "How do owls see at night?"\nThey have...') == "How do owls see at night?"
     assert self_ask.question("1. Write a function that reverses a list of words.") == \
         "Write a function that reverses a list of words."
