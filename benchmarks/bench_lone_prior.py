@@ -24,7 +24,7 @@ from gmlx.machine import describe
 from gmlx.policy import control
 
 from bench_matrix import ARMS, model, prompt_sets
-from common import command_line, run_burst, write_result
+from common import command_line, ratio, run_burst, write_result
 
 PRIORS = {"light": control.LONE_PRIOR_ROUNDS, "heavy": None}  # None: the pool's full (DECAY-scaled) weight
 
@@ -64,8 +64,7 @@ def main() -> None:
         cell = {"kind": kind,
                 "same_tokens": {arm: all(x["out"] == p["out"] for x, p in zip(by_arm[arm], plain)) for arm in arms},
                 "tok_s": {arm: statistics.median(x["tok_s"] for x in by_arm[arm]) for arm in arms},
-                "speedup": {arm: statistics.median(x["tok_s"] / p["tok_s"] for x, p in zip(by_arm[arm], plain))
-                            for arm in arms},
+                "speedup": {arm: ratio(by_arm, arm, "plain") for arm in arms},
                 "drafted_share": {arm: sum(x["acc"] is not None for x in by_arm[arm]) / len(plain) for arm in arms},
                 "per_rep": {arm: [round(x["tok_s"] / p["tok_s"], 3) for x, p in zip(by_arm[arm], plain)]
                             for arm in arms}}
