@@ -1,42 +1,71 @@
-"""A lone request's prior (gmlx/policy/figures.py, LONE_PRIOR_ROUNDS): code and chat requests
-alternating in one process, one at a time, as shipped (the online control on), with a new request's
-own acceptance estimate starting from the pool's rates worth LONE_PRIOR_ROUNDS rounds ("light")
-or at the pool's full weight ("heavy", ~33 rounds at DECAY: gmlx before the change) — beside
-plain. Both default arms share the one pool (the control's figures are kept per target), so
-they differ only in what a new request copies from it.
+"""A lone request's control, variants side by side: code and chat requests alternating in one
+process, one at a time, as shipped (the online control on) with one rule of the control changed
+per variant, beside plain and, optionally, fixed K = 1. Every control variant shares the one pool
+(the control's figures are kept per target), so they differ only in the rule.
+
+Variants (`--variants`):
+- light / heavy: a new request's own acceptance estimate starts from the pool's rates worth
+  LONE_PRIOR_ROUNDS rounds (light, shipped) or at the pool's full weight (heavy, ~33 rounds at
+  DECAY: gmlx before 20ea531) — gmlx/policy/figures.py.
+- first / nofirst: a request's first MIN_ROUNDS_TO_STOP rounds draft FIRST_K (shipped) or what the
+  pool's figures say (nofirst: gmlx before the rule) — gmlx/policy/width_control.py.
+- caponly: the first rounds' cap without the try (TRY_FIRST out of reach; a width's own first try
+  is not at stake in a warmed process).
+- k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
 
 Greedy, EOS ignored, c = 1 (each repeat: one code request, then one chat request, each arm; the
 arm order alternates between repeats). Speedups: medians of per-repeat ratios to plain.
 
 Run: ``python benchmarks/bench_lone_prior.py --model smollm2-f32 --repeats 16 --max-tokens 48``
+(light, heavy), ``... --variants first,nofirst,k1``.
 Writes bench_results/<utc>_lone_prior.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
+from gmlx import EngineConfig
+from gmlx.config import Switches
 from gmlx.machine import describe
-from gmlx.policy import control
+from gmlx.policy import control, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
 from common import command_line, ratio, run_burst, write_result
 
-PRIORS = {"light": control.LONE_PRIOR_ROUNDS, "heavy": None}  # None: the pool's full (DECAY-scaled) weight
+
+@contextlib.contextmanager
+def patched(module, name: str, value):
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+VARIANTS = {  # name: (what it is, the patch it runs under)
+    "light": ("prior worth 8 rounds", lambda: patched(control, "LONE_PRIOR_ROUNDS", control.LONE_PRIOR_ROUNDS)),
+    "heavy": ("prior at the pool's weight", lambda: patched(control, "LONE_PRIOR_ROUNDS", None)),
+    "first": ("first rounds K=1", lambda: patched(width_control, "FIRST_K", width_control.FIRST_K)),
+    # no round is a first round: MIN_ROUNDS_TO_STOP 0 there turns the rule off (the stop rule is the scalar lane's)
+    "nofirst": ("first rounds as the pool says", lambda: patched(width_control, "MIN_ROUNDS_TO_STOP", 0)),
+    # the first rounds' cap alone: no try of K=1 for a request the pool decides plain
+    "caponly": ("first rounds at most K=1, no try", lambda: patched(width_control, "TRY_FIRST", float("inf"))),
+    "k1": ("K=1 every round, control off", contextlib.nullcontext),
+}
+K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
 
 
 def one(lm, arm: str, prompt: list[int], max_tokens: int) -> dict:
-    config, switches, _ = ARMS["plain" if arm == "plain" else "default"]
-    if arm != "plain":
-        control.LONE_PRIOR_ROUNDS = PRIORS[arm]
-    try:
+    config, switches = K1 if arm == "k1" else ARMS["plain" if arm == "plain" else "default"][:2]
+    with contextlib.nullcontext() if arm == "plain" else VARIANTS[arm][1]():
         return run_burst(lm, [prompt], max_tokens, config, switches)
-    finally:
-        control.LONE_PRIOR_ROUNDS = PRIORS["light"]
 
 
 def main() -> None:
@@ -44,11 +73,15 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-f32")
     ap.add_argument("--repeats", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--variants", default="light,heavy", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     lm = model(a.model)
     pools = prompt_sets(lm, a.model)
-    arms = ["plain", "light", "heavy"]
+    arms = ["plain", *a.variants.split(",")]
+    unknown = [v for v in arms[1:] if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant {unknown[0]!r}: one of {', '.join(VARIANTS)}")
     for arm in arms:  # warm-up: kernels, the probe, the allocator
         one(lm, arm, pools["code"][0], 8)
     reps = {kind: {arm: [] for arm in arms} for kind in pools}
@@ -57,7 +90,7 @@ def main() -> None:
             for arm in arms if rep % 2 == 0 else list(reversed(arms)):
                 r = one(lm, arm, pool[rep % len(pool)], a.max_tokens)
                 reps[kind][arm].append(r)
-                print(f"rep {rep} {kind} {arm:6s} {r['tok_s']:6.1f} tok/s acc {r['acc']}", flush=True)
+                print(f"rep {rep} {kind} {arm:7s} {r['tok_s']:6.1f} tok/s acc {r['acc']}", flush=True)
     cells = []
     for kind, by_arm in reps.items():
         plain = by_arm["plain"]
@@ -72,12 +105,12 @@ def main() -> None:
     result = {"machine": describe(), "command": command_line("bench_lone_prior.py", a), "cells": cells}
     path = write_result(a.out, "lone_prior", result)
     lines = [f"`{result['command']}`", "",
-             "| prompts | plain tok/s | light (8 rounds) | heavy (pool's weight) | same tokens |",
-             "|---|---|---|---|---|"]
+             "| prompts | plain tok/s | " + " | ".join(f"{v} ({VARIANTS[v][0]})" for v in arms[1:]) + " | same tokens |",
+             "|---|---|" + "---|" * len(arms)]
     for c in cells:
-        lines.append(f"| {c['kind']} | {c['tok_s']['plain']:.1f} | {c['speedup']['light']:.2f}x "
-                     f"(drafted in {c['drafted_share']['light']:.0%}) | {c['speedup']['heavy']:.2f}x "
-                     f"(drafted in {c['drafted_share']['heavy']:.0%}) | {all(c['same_tokens'].values())} |")
+        lines.append(f"| {c['kind']} | {c['tok_s']['plain']:.1f} | " + " | ".join(
+            f"{c['speedup'][v]:.2f}x (drafted in {c['drafted_share'][v]:.0%})" for v in arms[1:])
+            + f" | {all(c['same_tokens'].values())} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -86,8 +86,26 @@ def test_the_control_predicts_from_pairs_not_from_stale_medians():
     paired = control_with(True).at(4)
     g, measured = paired.gain(1, COSTS, paired.acceptance)
     tokens = paired.spec.tokens_per_round(1)
-    assert g_stale == pytest.approx(1.5 * 0.075 / 0.072)  # a K=1 round "cheaper" than a plain one: 1.56x
+    assert g_stale == pytest.approx(1.5)  # a K=1 round "cheaper" than a plain one (0.96x): taken as 1.0
     assert measured and tokens == pytest.approx(1.5) and g == pytest.approx(1.5 / 1.25, rel=1e-6)  # 1.2x
+
+
+def test_a_paired_ratio_below_one_is_noise_and_counts_as_one():
+    """Pairs taken while the machine's load swung say a K=1 round costs 0.64 plain ones; no verify
+    reads fewer weights than a plain step, so the gain is the tokens per round over 1.0 (1.5x), not
+    over 0.64 (2.3x), and the reason says 1.00x."""
+    ctl = Controller(_Target(), "mtp", COSTS)
+    wc = ctl.at(4)
+    for _ in range(3):
+        for s, k in [(0.064, 1)] * 3 + [(0.100, 0)] * 3:
+            wc.add_time(k, s)
+    for _ in range(16):
+        ctl.observe(4, 1, 0.064, [(1, 1), (1, 1), (1, 0), (1, 0)])
+    assert wc.pairs.ratio(1) == pytest.approx(0.64)
+    assert wc.gain(1, COSTS, wc.acceptance)[0] == pytest.approx(1.5)
+    wc.current, wc.rounds_in_choice = 1, 10
+    c = ctl.choose(4, 1)
+    assert c.ratio == 1.0 and "round 1.00x a plain one's, paired" in c.reason, c.reason
 
 
 def test_the_reason_says_the_paired_ratio():

@@ -34,7 +34,7 @@ from gmlx.model_cache import lift_caches
 from gmlx.models.adapter import Target
 from gmlx.decode.probe import reconfirmed, round_costs
 from gmlx.policy.adaptive import AcceptanceEstimate
-from gmlx.policy.figures import Acceptance
+from gmlx.policy.figures import MIN_ROUNDS_TO_STOP, Acceptance
 from gmlx.policy.costs import Costs
 from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
@@ -57,7 +57,6 @@ class ScalarSeq:
         return self.row.tokens[-1] if self.row.tokens else self.row.prompt[-1]
 
 
-MIN_ROUNDS_TO_STOP = 8  # rounds of evidence before a request gives up on its drafter
 # Tokens left when a lone request runs the control's plain window: the rounds the window owes
 # (5 the first time, 3 for a refresh), all timed, plus the switch's round, which is not.
 WINDOW_TAIL_EXTRA = 1

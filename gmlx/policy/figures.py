@@ -26,8 +26,9 @@ LONE_DECAY = 0.99
 # DECAY), a SmolLM2 chat request after code ones (accepting 10-13 % against the pool's ~40 %)
 # outweighed it only after ~23 of its own rounds and drafted at a loss through most of a 48-token
 # answer (bench_matrix's chat default 0.93x). At 8 its own rounds weigh as much by the time it may
-# stop (MIN_ROUNDS_TO_STOP, gmlx/decode/scalar.py). Both side by side: benchmarks/bench_lone_prior.py.
+# stop (MIN_ROUNDS_TO_STOP, below). Both side by side: benchmarks/bench_lone_prior.py.
 LONE_PRIOR_ROUNDS = 8.0
+MIN_ROUNDS_TO_STOP = 8  # rounds of its own before a lone request may give up on its drafter
 MARGIN = 1.05  # hysteresis: plain is left for speculation predicted at least 5 % better
 # ... and speculation is left when predicted under 3 % better: a steady-state gain that small does
 # not pay for what the estimate leaves out (a request's drafter arming, a gate and its resume; a
