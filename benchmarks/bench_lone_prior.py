@@ -7,17 +7,17 @@ Variants (`--variants`):
 - light / heavy: a new request's own acceptance estimate starts from the pool's rates worth
   LONE_PRIOR_ROUNDS rounds (light, shipped) or at the pool's full weight (heavy, ~33 rounds at
   DECAY: gmlx before 20ea531) — gmlx/policy/figures.py.
-- first / nofirst: a request's first MIN_ROUNDS_TO_STOP rounds draft FIRST_K (shipped) or what the
-  pool's figures say (nofirst: gmlx before the rule) — gmlx/policy/width_control.py.
-- caponly: the first rounds' cap without the try (TRY_FIRST out of reach; a width's own first try
-  is not at stake in a warmed process).
+- noretry: a K measured once is not measured again when stale (RETRY_AFTER out of reach) —
+  gmlx/policy/width_control.py. (A first-rounds rule — a lone request's first 8 rounds at K = 1,
+  tried even when plain was in force — ran here as first / nofirst / caponly at 59066af, three
+  runs, and was reverted: no effect beyond the noise.)
 - k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
 
 Greedy, EOS ignored, c = 1 (each repeat: one code request, then one chat request, each arm; the
 arm order alternates between repeats). Speedups: medians of per-repeat ratios to plain.
 
 Run: ``python benchmarks/bench_lone_prior.py --model smollm2-f32 --repeats 16 --max-tokens 48``
-(light, heavy), ``... --variants first,nofirst,k1``.
+(light, heavy), ``... --variants noretry,k1``.
 Writes bench_results/<utc>_lone_prior.json and .md.
 """
 
@@ -52,11 +52,9 @@ def patched(module, name: str, value):
 VARIANTS = {  # name: (what it is, the patch it runs under)
     "light": ("prior worth 8 rounds", lambda: patched(control, "LONE_PRIOR_ROUNDS", control.LONE_PRIOR_ROUNDS)),
     "heavy": ("prior at the pool's weight", lambda: patched(control, "LONE_PRIOR_ROUNDS", None)),
-    "first": ("first rounds K=1", lambda: patched(width_control, "FIRST_K", width_control.FIRST_K)),
-    # no round is a first round: MIN_ROUNDS_TO_STOP 0 there turns the rule off (the stop rule is the scalar lane's)
-    "nofirst": ("first rounds as the pool says", lambda: patched(width_control, "MIN_ROUNDS_TO_STOP", 0)),
-    # the first rounds' cap alone: no try of K=1 for a request the pool decides plain
-    "caponly": ("first rounds at most K=1, no try", lambda: patched(width_control, "TRY_FIRST", float("inf"))),
+    # K's other than the best are measured again once stale (RETRY_AFTER speculative rounds) when
+    # their hope could win (TRY_WITHIN of the best): never, here (the first measurement stands)
+    "noretry": ("stale K's not measured again", lambda: patched(width_control, "RETRY_AFTER", 10 ** 9)),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))

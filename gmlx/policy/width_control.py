@@ -10,7 +10,7 @@ from collections.abc import Callable
 from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
-from gmlx.policy.figures import MARGIN, MIN_ROUNDS_TO_STOP, MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
+from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
 
 TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
 TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
@@ -35,15 +35,6 @@ RETRY_AFTER = 64  # speculative rounds at other K's after which a K's figures ar
 # and the refreshes) are skipped while it stays there: each costs a gate, plain rounds and a
 # resume (a lone request decodes its last tokens plain), ~5 % of a short burst of the micro model.
 FAR = 1.5
-# A lone request's first rounds draft FIRST_K: a new request tries it (a try: it stays past its
-# first rounds only if its own gain is sure) unless the pool predicts a clear loss (TRY_FIRST), and
-# one the pool would run deeper runs it until its own rounds say more, unless the pool predicts FAR.
-# Requests differ more than rounds do: on SmolLM2 float32 a code answer accepts ~0.45 of K=1's
-# drafts, a chat answer ~0.25 (K=1 about even with plain there); decided on the pool alone, a code
-# request after a chat one decoded plain throughout (hysteresis: plain stays unless surely beaten),
-# and a chat request after code ones drafted K=2-3 at ~0 accepted for 8-13 rounds (~0.65x each).
-# K=1 is the cheapest try (at zero acceptance a round still yields one token for ~1.2 plain steps).
-FIRST_K = 1
 # A k round's cost relative to a plain one is at least 1: its verify reads every weight a plain
 # step reads (and the drafter's besides). A measured ratio below it is the machine's noise (traced
 # under load: a SmolLM2 K=3 round "0.64x a plain one's, paired", and a chat request accepting 13 %
@@ -189,13 +180,7 @@ class WidthControl:
         trusted = near is not None and nearby[0] < width
         # A try needs room: its rounds must run here before a row finishes and the width changes.
         room = not remaining or min(remaining) >= MIN_EVIDENCE * emitted(alpha, max(best_spec, 1))
-        # A lone request's first rounds (before it may stop: MIN_ROUNDS_TO_STOP): its estimate is
-        # still mostly the pool's, and requests differ (see FIRST_K).
-        first = lone and max_k and acc.rounds < MIN_ROUNDS_TO_STOP
-        trying = first and acc.rounds == 0 and best == 0 and gains[FIRST_K] >= TRY_FIRST
-        if trying or first and best > FIRST_K and gains[best] < FAR:
-            best = FIRST_K
-        elif cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
+        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
                 and not trusted and room:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
         elif best == 0 and cur == 0 and best_spec and self.plain_run >= (EXPLORE_SOON if unsure else
@@ -210,8 +195,8 @@ class WidthControl:
             best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, pooled, lone,
                                                                           drains))
         if cur is None or (best == 0) != (cur == 0):
-            self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring or trying)
-            if best > 0 and cur == 0 and not self.exploring and not trying:
+            self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring)
+            if best > 0 and cur == 0 and not self.exploring:
                 self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
         self.current = best
         t0, tk, measured = self.times(best, costs, ratio)
