@@ -11,13 +11,15 @@ Variants (`--variants`):
   gmlx/policy/width_control.py. (A first-rounds rule — a lone request's first 8 rounds at K = 1,
   tried even when plain was in force — ran here as first / nofirst / caponly at 59066af, three
   runs, and was reverted: no effect beyond the noise.)
+- ceil1: the control with one draft at most at width 1, as after `gmlx sweep-cap --write` here
+  (it recommends "a lone request: K = 1" for SmolLM2 float32 on this CPU).
 - k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
 
 Greedy, EOS ignored, c = 1 (each repeat: one code request, then one chat request, each arm; the
 arm order alternates between repeats). Speedups: medians of per-repeat ratios to plain.
 
 Run: ``python benchmarks/bench_lone_prior.py --model smollm2-f32 --repeats 16 --max-tokens 48``
-(light, heavy), ``... --variants noretry,k1``.
+(light, heavy), ``... --variants noretry,k1``, ``... --variants light,ceil1,k1``.
 Writes bench_results/<utc>_lone_prior.json and .md.
 """
 
@@ -32,6 +34,7 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
 from gmlx import EngineConfig
 from gmlx.config import Switches
+from gmlx.engine.cap_watch import CapWatch
 from gmlx.machine import describe
 from gmlx.policy import control, width_control
 
@@ -49,12 +52,27 @@ def patched(module, name: str, value):
         setattr(module, name, old)
 
 
+@contextlib.contextmanager
+def _both(a, b):
+    with a, b:
+        yield
+
+
 VARIANTS = {  # name: (what it is, the patch it runs under)
     "light": ("prior worth 8 rounds", lambda: patched(control, "LONE_PRIOR_ROUNDS", control.LONE_PRIOR_ROUNDS)),
     "heavy": ("prior at the pool's weight", lambda: patched(control, "LONE_PRIOR_ROUNDS", None)),
     # K's other than the best are measured again once stale (RETRY_AFTER speculative rounds) when
     # their hope could win (TRY_WITHIN of the best): never, here (the first measurement stands)
     "noretry": ("stale K's not measured again", lambda: patched(width_control, "RETRY_AFTER", 10 ** 9)),
+    # what `gmlx sweep-cap --write` records on this CPU for SmolLM2 float32 ("a lone request: K = 1"):
+    # the control on, its ceiling at width 1 one draft (the user config's K per width, as CapWatch reads it)
+    "ceil1": ("control, K ceiling 1 (as sweep-cap --write)",
+              lambda: patched(CapWatch, "k_for", lambda self, width, k_for=CapWatch.k_for:
+                              min(1, k_for(self, width)) if width == 1 else k_for(self, width))),
+    # a new lone request where plain is in force: plain (notry: gmlx before LONE_TRY), alone or
+    # with ceil1's ceiling
+    "notry": ("no K=1 try for a new request", lambda: patched(width_control, "LONE_TRY", False)),
+    "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))

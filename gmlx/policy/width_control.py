@@ -35,6 +35,15 @@ RETRY_AFTER = 64  # speculative rounds at other K's after which a K's figures ar
 # and the refreshes) are skipped while it stays there: each costs a gate, plain rounds and a
 # resume (a lone request decodes its last tokens plain), ~5 % of a short burst of the micro model.
 FAR = 1.5
+# A new lone request tries K = 1 where plain is in force, unless the pool predicts K = 1 under
+# TRY_FIRST; the try stays past its first rounds only if the request's own gain is sure (a
+# tentative choice), and a request may stop only after MIN_ROUNDS_TO_STOP of its own rounds anyway.
+# Requests differ more than rounds do: on SmolLM2 float32 a code answer accepts ~0.45 of K = 1's
+# drafts, a chat answer ~0.25 (about even with plain there); decided on the pool's hysteresis, the
+# code requests after chat ones decoded plain throughout (5 of 16 with the K ceiling 1 that
+# `sweep-cap --write` records here). K = 1 is the cheapest try: at zero acceptance a round still
+# yields one token for ~1.2 plain steps.
+LONE_TRY = True
 # A k round's cost relative to a plain one is at least 1: its verify reads every weight a plain
 # step reads (and the drafter's besides). A measured ratio below it is the machine's noise (traced
 # under load: a SmolLM2 K=3 round "0.64x a plain one's, paired", and a chat request accepting 13 %
@@ -180,7 +189,11 @@ class WidthControl:
         trusted = near is not None and nearby[0] < width
         # A try needs room: its rounds must run here before a row finishes and the width changes.
         room = not remaining or min(remaining) >= MIN_EVIDENCE * emitted(alpha, max(best_spec, 1))
-        if cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
+        # A new lone request (none of its own rounds yet) where plain is in force (see LONE_TRY)
+        trying = LONE_TRY and lone and max_k and acc.rounds == 0 and best == 0 and gains[1] >= TRY_FIRST
+        if trying:
+            best = 1
+        elif cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
                 and not trusted and room:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
         elif best == 0 and cur == 0 and best_spec and self.plain_run >= (EXPLORE_SOON if unsure else
@@ -195,8 +208,8 @@ class WidthControl:
             best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, pooled, lone,
                                                                           drains))
         if cur is None or (best == 0) != (cur == 0):
-            self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring)
-            if best > 0 and cur == 0 and not self.exploring:
+            self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring or trying)
+            if best > 0 and cur == 0 and not self.exploring and not trying:
                 self.explore_after = EXPLORE_FIRST  # speculation won again: try sooner next time
         self.current = best
         t0, tk, measured = self.times(best, costs, ratio)
