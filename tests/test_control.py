@@ -256,6 +256,52 @@ def test_a_lone_request_unlike_the_pool_goes_plain_on_its_own_rounds():
     assert _lone_request_after_a_pool(lambda r: 0 if r <= 8 else (1, 1, 2, 0)[r % 4]) is None
 
 
+def _plain_pool(alpha_sixths: int) -> Controller:
+    """Width 1, plain in force (the last request went plain): K=1 rounds at 12 ms accepting
+    alpha_sixths / 6 of their drafts, paired with 10 ms plain rounds."""
+    ctl = fresh()
+    for i in range(48):
+        ctl.observe(1, 1, 0.012, [(1, int(i % 6 < alpha_sixths))])
+        if i % 6 == 5:
+            feed(ctl, 1, 0, 0.010, accepted=0, n=3)
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice, wc.plain_run = 0, 4 * MIN_EVIDENCE, 0
+    return ctl
+
+
+def _lone_request(ctl: Controller, accepts, rounds: int = 30) -> int | None:
+    """One lone request on `ctl` whose round r accepts accepts(r) of its drafts (K=1 rounds at
+    10 + 2 ms), stopped as the scalar lane stops it: the round it went plain at, or None."""
+    own = ctl.pooled(1)
+    for r in range(1, rounds + 1):
+        c = ctl.choose(1, 1, own)
+        if own.rounds >= MIN_ROUNDS_TO_STOP and c.k == 0:
+            return r
+        a = min(1, accepts(r))
+        own.record(1, a)
+        ctl.observe(1, 1, 0.012, [(1, a)])
+    return None
+
+
+def test_a_new_lone_request_tries_k1_unless_the_pool_predicts_a_clear_loss(monkeypatch):
+    """Plain in force, K=1 predicted ~0.97x on the pool (1.17 tokens in 1.2 plain steps): a new
+    request tries K=1 (width_control.LONE_TRY) — requests differ, and decided on the pool a code
+    request after chat ones decoded plain throughout. The try stays only if the request's own
+    gain is sure: one accepting every draft keeps drafting, one like the pool goes plain as soon
+    as it may. A pool accepting nothing (0.83x predicted, under TRY_FIRST) starts no try; without
+    the rule the plain pool's hysteresis keeps a new request plain."""
+    ctl = _plain_pool(1)
+    c = ctl.choose(1, 1, ctl.pooled(1))
+    assert c.k == 1 and ctl.at(1).tentative, c
+    assert _lone_request(_plain_pool(1), lambda r: 1) is None
+    assert _lone_request(_plain_pool(1), lambda r: int(r % 6 == 0)) == MIN_ROUNDS_TO_STOP + 1
+    ctl = _plain_pool(0)
+    assert ctl.choose(1, 1, ctl.pooled(1)).k == 0
+    monkeypatch.setattr(width_control, "LONE_TRY", False)
+    ctl = _plain_pool(1)
+    assert ctl.choose(1, 1, ctl.pooled(1)).k == 0
+
+
 @pytest.mark.parametrize("own, speculates", [(0.1, False), (0.5, True)])
 def test_a_lone_request_is_decided_on_its_own_acceptance(own, speculates):
     """Width 1: K=1 rounds pooled over requests emit 1.5 tokens (alpha 0.5) in 12.5 ms against
