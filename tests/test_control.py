@@ -292,7 +292,7 @@ def test_a_new_lone_request_tries_k1_unless_the_pool_predicts_a_clear_loss(monke
     the rule the plain pool's hysteresis keeps a new request plain."""
     ctl = _plain_pool(1)
     c = ctl.choose(1, 1, ctl.pooled(1))
-    assert c.k == 1 and ctl.at(1).tentative, c
+    assert c.k == 1 and ctl.at(1).tentative and "trying K=1 on this request's own rounds" in c.reason, c.reason
     assert _lone_request(_plain_pool(1), lambda r: 1) is None
     assert _lone_request(_plain_pool(1), lambda r: int(r % 6 == 0)) == MIN_ROUNDS_TO_STOP + 1
     ctl = _plain_pool(0)

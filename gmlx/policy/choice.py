@@ -23,6 +23,7 @@ class Choice:
     drain: float = 1.0  # the share of the steady gain left once the draining batch's tail is charged
     ratio: float | None = None  # the chosen k's T(k) / T(0) from pairs (see Pairs) or the load probe
     probe: bool = False  # the lone request's T(k) / T(0) from the load probe (nothing paired yet)
+    tried: bool = False  # a new lone request's try of K=1 while plain is in force (width_control.LONE_TRY)
 
     @property
     def reason(self) -> str:
@@ -32,6 +33,9 @@ class Choice:
             src += f", rows finishing apart cost {100 * (1 - self.drain):.0f} %"
         if self.window:
             return "measuring plain rounds beside speculative ones at this width (their costs paired)"
+        if self.tried:
+            return (f"trying K={self.k} on this request's own rounds (plain in force: {self.gain:.2f}x predicted"
+                    f" on earlier requests' acceptance {self.alpha:.2f})")
         if self.exploring:
             return f"trying K={self.k} again (plain for a while; acceptance {self.alpha:.2f})"
         if self.k == 0:

@@ -223,7 +223,8 @@ class WidthControl:
         r, src = self.ratio(best or best_spec, costs, lone) if best or best_spec else (None, "")
         return Choice(best, gains[best], alpha, t0, tk if best else None, src == "paired" or (measured and not src),
                       self.exploring, best_spec=alt, from_width=nearby[0] if near is not None and not src else None,
-                      doubt=doubt, drain=drains[best or best_spec], ratio=r and max(r, MIN_RATIO), probe=src == "probe")
+                      doubt=doubt, drain=drains[best or best_spec], ratio=r and max(r, MIN_RATIO), probe=src == "probe",
+                      tried=bool(trying))
 
     def _seen(self, k: int, acc: Acceptance, pooled: Acceptance | None) -> float:
         """k's tokens per row and round: measured here (a lone request's scaled to its own
