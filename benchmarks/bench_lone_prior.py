@@ -73,6 +73,7 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     # with ceil1's ceiling
     "notry": ("no K=1 try for a new request", lambda: patched(width_control, "LONE_TRY", False)),
     "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
+    "hold": ("K=1 held while it gains at all", lambda: patched(width_control, "LONE_HOLD", True)),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))

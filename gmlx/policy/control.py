@@ -71,10 +71,12 @@ import weakref
 from gmlx.policy.costs import Costs
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import DECAY, LONE_DECAY, LONE_PRIOR_ROUNDS, PRIOR_WEIGHT, Acceptance, Times, bucket, owner
-from gmlx.policy.width_control import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
-                                       REFRESH_WINDOW, RETRY_AFTER, TRY_WITHIN, WidthControl)
+from gmlx.policy.thresholds import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
+                                    REFRESH_WINDOW, RETRY_AFTER, TRY_WITHIN)
+from gmlx.policy.width_control import WidthControl
 
-# The rule's figures are named here with it (the per-width arithmetic is gmlx/policy/width_control.py).
+# The rule's figures are named here with it (the per-width arithmetic is gmlx/policy/width_control.py,
+# the thresholds with their reasons gmlx/policy/thresholds.py).
 __all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "REFRESH_FIRST", "REFRESH_MAX", "REFRESH_WINDOW",
            "RETRY_AFTER", "TRY_WITHIN", "Acceptance", "Choice", "Controller", "WidthControl", "bucket", "forget",
            "record_plain"]

@@ -1,5 +1,6 @@
 """One width's online control (gmlx/policy/control.py has the whole rule): the figures measured
-at a width bucket, the choice in force, and the hysteresis, tries and exploration that move it.
+at a width bucket, the choice in force, and the hysteresis, tries and exploration that move it
+(their thresholds, each with why: gmlx/policy/thresholds.py).
 Pure arithmetic over host-side figures; the control never moves a token."""
 
 from __future__ import annotations
@@ -11,44 +12,11 @@ from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
+from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_HOLD, LONE_TRY, MIN_EVIDENCE,
+                                      MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
+                                      REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
 
-TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
-TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
-MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
-EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
-# ... and while plain is in force only for want of certainty — the best K predicted MARGIN above
-# plain, but not by Z standard errors — after this many, with no back-off: the expected gain of a
-# try is positive, and what is missing is evidence, which each try adds (its pairs and rounds;
-# the doubt falls as their count grows), so a gain that is real becomes sure within a few tries
-# and one that is not falls under MARGIN, where the doubling back-off takes over again. A lone
-# SmolLM2 float32 request at ~1.15x (doubt 0.2-0.4 after 8 rounds) otherwise drafted in 3 % to
-# 96 % of rounds from one repeat to the next, by how its first try went.
-EXPLORE_SOON = 16
-PLAIN_WINDOW = 5  # plain rounds a speculating width runs when nothing pairs its rounds with plain ones
-PLAIN_CHECK_AFTER = 4  # speculative rounds at a width before that plain window
-REFRESH_WINDOW = 3  # plain rounds of a refresh of the pairs while speculating ...
-REFRESH_FIRST, REFRESH_MAX = 64, 512  # ... after this many speculative rounds without a pair (doubling)
-RETRY_AFTER = 64  # speculative rounds at other K's after which a K's figures are stale (measured again if it may win)
-# A choice predicted this far above plain — by its own figures and, where both are timed here, by
-# the two medians too — is not one a plain window could overturn: a round's time drifts ~25 % from
-# one minute to the next on a shared VM, and drift moves both kinds alike. Its windows (the first
-# and the refreshes) are skipped while it stays there: each costs a gate, plain rounds and a
-# resume (a lone request decodes its last tokens plain), ~5 % of a short burst of the micro model.
-FAR = 1.5
-# A new lone request tries K = 1 where plain is in force, unless the pool predicts K = 1 under
-# TRY_FIRST; the try stays past its first rounds only if the request's own gain is sure (a
-# tentative choice), and a request may stop only after MIN_ROUNDS_TO_STOP of its own rounds anyway.
-# Requests differ more than rounds do: on SmolLM2 float32 a code answer accepts ~0.45 of K = 1's
-# drafts, a chat answer ~0.25 (about even with plain there); decided on the pool's hysteresis, the
-# code requests after chat ones decoded plain throughout (5 of 16 with the K ceiling 1 that
-# `sweep-cap --write` records here). K = 1 is the cheapest try: at zero acceptance a round still
-# yields one token for ~1.2 plain steps.
-LONE_TRY = True
-# A k round's cost relative to a plain one is at least 1: its verify reads every weight a plain
-# step reads (and the drafter's besides). A measured ratio below it is the machine's noise (traced
-# under load: a SmolLM2 K=3 round "0.64x a plain one's, paired", and a chat request accepting 13 %
-# drafted 38 rounds on it), so a gain is never credited with one.
-MIN_RATIO = 1.0
+# The thresholds are read here by name (tests and benchmarks patch them on this module).
 
 
 class WidthControl:
@@ -183,6 +151,8 @@ class WidthControl:
                 if self.tentative:  # a try confirmed: speculation won again, the back-off starts over
                     self.explore_after = EXPLORE_FIRST
                 self.tentative = False
+        if LONE_HOLD and lone and best == 0 and cur == 1 and gains[1] >= 1.0:
+            best = 1  # (under measurement: K=1 held while it gains at all)
         self.exploring = False
         # A narrower width's ratio errs low (a verify costs relatively more as rows are added): a
         # loss it predicts is no reason to try.
