@@ -11,6 +11,10 @@ Variants (`--variants`):
   gmlx/policy/width_control.py. (A first-rounds rule — a lone request's first 8 rounds at K = 1,
   tried even when plain was in force — ran here as first / nofirst / caponly at 59066af, three
   runs, and was reverted: no effect beyond the noise.)
+- notry / ceil1notry: no K = 1 try for a new lone request where plain is in force (LONE_TRY off:
+  gmlx before d7463a1), alone or with ceil1's ceiling. (A hold rule — K = 1 kept while predicted
+  at least 1.0x, past STAY and the doubt — ran as `hold` at df7e1d8: code -1.6 %, chat +0.6 % per
+  repeat; not kept.)
 - ceil1: the control with one draft at most at width 1, as after `gmlx sweep-cap --write` here
   (it recommends "a lone request: K = 1" for SmolLM2 float32 on this CPU).
 - k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
@@ -19,7 +23,8 @@ Greedy, EOS ignored, c = 1 (each repeat: one code request, then one chat request
 arm order alternates between repeats). Speedups: medians of per-repeat ratios to plain.
 
 Run: ``python benchmarks/bench_lone_prior.py --model smollm2-f32 --repeats 16 --max-tokens 48``
-(light, heavy), ``... --variants noretry,k1``, ``... --variants light,ceil1,k1``.
+(light, heavy), ``... --variants noretry,k1``, ``... --variants light,ceil1,k1``,
+``... --variants light,notry,ceil1,ceil1notry,k1``.
 Writes bench_results/<utc>_lone_prior.json and .md.
 """
 
@@ -73,7 +78,6 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     # with ceil1's ceiling
     "notry": ("no K=1 try for a new request", lambda: patched(width_control, "LONE_TRY", False)),
     "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
-    "hold": ("K=1 held while it gains at all", lambda: patched(width_control, "LONE_HOLD", True)),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))

@@ -34,7 +34,6 @@ FAR = 1.5
 # `sweep-cap --write` records here). K = 1 is the cheapest try: at zero acceptance a round still
 # yields one token for ~1.2 plain steps.
 LONE_TRY = True
-LONE_HOLD = False  # (under measurement)
 # A k round's cost relative to a plain one is at least 1: its verify reads every weight a plain
 # step reads (and the drafter's besides). A measured ratio below it is the machine's noise (traced
 # under load: a SmolLM2 K=3 round "0.64x a plain one's, paired", and a chat request accepting 13 %

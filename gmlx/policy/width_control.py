@@ -12,7 +12,7 @@ from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
-from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_HOLD, LONE_TRY, MIN_EVIDENCE,
+from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_TRY, MIN_EVIDENCE,
                                       MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                       REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
 
@@ -151,8 +151,6 @@ class WidthControl:
                 if self.tentative:  # a try confirmed: speculation won again, the back-off starts over
                     self.explore_after = EXPLORE_FIRST
                 self.tentative = False
-        if LONE_HOLD and lone and best == 0 and cur == 1 and gains[1] >= 1.0:
-            best = 1  # (under measurement: K=1 held while it gains at all)
         self.exploring = False
         # A narrower width's ratio errs low (a verify costs relatively more as rows are added): a
         # loss it predicts is no reason to try.
