@@ -23,7 +23,7 @@ class Choice:
     drain: float = 1.0  # the share of the steady gain left once the draining batch's tail is charged
     ratio: float | None = None  # the chosen k's T(k) / T(0) from pairs (see Pairs) or the load probe
     probe: bool = False  # the lone request's T(k) / T(0) from the load probe (nothing paired yet)
-    tried: bool = False  # a new lone request's try of K=1 while plain is in force (width_control.LONE_TRY)
+    tried: bool = False  # a new lone request's try of K=1 while plain is in force (thresholds.LONE_TRY)
 
     @property
     def reason(self) -> str:

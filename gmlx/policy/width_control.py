@@ -13,8 +13,8 @@ from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_TRY, MIN_EVIDENCE,
-                                      MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
-                                      REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
+                                    MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
+                                    REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
