@@ -561,6 +561,45 @@ def test_a_lone_request_follows_the_measured_choice_and_its_stream_holds(lm, pro
     eng.close()
 
 
+def _lone_try_run(lm, prompt, monkeypatch, lone_try: bool) -> dict:
+    """The engine's width 1 decided plain on earlier requests with K=1 predicted ~0.98x (1.18
+    tokens a round at 1.2 plain steps, paired); then one request: its stats, its stream checked
+    against its solo plain decode."""
+    monkeypatch.setattr(width_control, "LONE_TRY", lone_try)
+    forced(monkeypatch, 1.2)
+    eng = on(lm)
+    ctl = eng.spec.control
+    for i in range(60):  # earlier requests: K=1 accepting 1 in 6, paired with plain rounds
+        ctl.observe(1, 1, 0.012, [(1, int(i % 6 == 0))])
+        if i % 6 == 5:
+            feed(ctl, 1, 0, 0.010, accepted=0, n=3)
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice, wc.plain_run = 0, 4 * MIN_EVIDENCE, 0
+    run = drive(eng, {0: [("a", prompt, P(32, seed=9, t=0.8))]})
+    check_solo(lm, run)
+    eng.close()
+    return run.streams["a"].result.stats
+
+
+@pytest.mark.parametrize("lone_try", [True, False])
+def test_a_new_lone_request_tries_k1_where_plain_is_in_force_and_its_stream_holds(lm, prompts, clean, monkeypatch,
+                                                                                   lone_try):
+    """A new request drafts K=1 on its own rounds where plain is in force (width_control's
+    LONE_TRY); without it, it decodes plain throughout. Either way its stream is plain's."""
+    stats = _lone_try_run(lm, prompts[5], monkeypatch, lone_try)
+    assert (stats["num_drafted"] > 0) is lone_try, stats
+
+
+@pytest.mark.parametrize("lone_try", [True, False])
+def test_smollm2_a_new_lone_request_tries_k1_where_plain_is_in_force(smollm2, monkeypatch, lone_try):
+    """The same on the real model with its shipped head (the try branch and its absence)."""
+    lm = smollm2.load("float32")
+    control.forget(lm.target)
+    stats = _lone_try_run(lm, lm.tokenizer.encode("def fibonacci(n):\n"), monkeypatch, lone_try)
+    control.forget(lm.target)
+    assert (stats["num_drafted"] > 0) is lone_try, stats
+
+
 def test_unpinned_real_round_times_every_stream_equals_solo(lm, prompts, clean):
     eng = on(lm)
     run = drive(eng, schedule(prompts, n=40))
