@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import statistics
 from pathlib import Path
+from unittest.mock import patch
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
@@ -48,35 +49,25 @@ from common import command_line, ratio, run_burst, write_result
 
 
 @contextlib.contextmanager
-def patched(module, name: str, value):
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
-
-
-@contextlib.contextmanager
 def _both(a, b):
     with a, b:
         yield
 
 
 VARIANTS = {  # name: (what it is, the patch it runs under)
-    "light": ("prior worth 8 rounds", lambda: patched(control, "LONE_PRIOR_ROUNDS", control.LONE_PRIOR_ROUNDS)),
-    "heavy": ("prior at the pool's weight", lambda: patched(control, "LONE_PRIOR_ROUNDS", None)),
+    "light": ("prior worth 8 rounds", lambda: patch.object(control, "LONE_PRIOR_ROUNDS", control.LONE_PRIOR_ROUNDS)),
+    "heavy": ("prior at the pool's weight", lambda: patch.object(control, "LONE_PRIOR_ROUNDS", None)),
     # K's other than the best are measured again once stale (RETRY_AFTER speculative rounds) when
     # their hope could win (TRY_WITHIN of the best): never, here (the first measurement stands)
-    "noretry": ("stale K's not measured again", lambda: patched(width_control, "RETRY_AFTER", 10 ** 9)),
+    "noretry": ("stale K's not measured again", lambda: patch.object(width_control, "RETRY_AFTER", 10 ** 9)),
     # what `gmlx sweep-cap --write` records on this CPU for SmolLM2 float32 ("a lone request: K = 1"):
     # the control on, its ceiling at width 1 one draft (the user config's K per width, as CapWatch reads it)
     "ceil1": ("control, K ceiling 1 (as sweep-cap --write)",
-              lambda: patched(CapWatch, "k_for", lambda self, width, k_for=CapWatch.k_for:
+              lambda: patch.object(CapWatch, "k_for", lambda self, width, k_for=CapWatch.k_for:
                               min(1, k_for(self, width)) if width == 1 else k_for(self, width))),
     # a new lone request where plain is in force: plain (notry: gmlx before LONE_TRY), alone or
     # with ceil1's ceiling
-    "notry": ("no K=1 try for a new request", lambda: patched(width_control, "LONE_TRY", False)),
+    "notry": ("no K=1 try for a new request", lambda: patch.object(width_control, "LONE_TRY", False)),
     "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
 }

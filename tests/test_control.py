@@ -232,15 +232,22 @@ def _lone_request_after_a_pool(accepts, rounds=60):
             feed(ctl, 1, 0, 0.010, accepted=0)
     wc = ctl.at(1)
     wc.current, wc.rounds_in_choice = 3, MIN_EVIDENCE
+    return _lone_request(ctl, 3, accepts, rounds, lambda k: 0.010 + 0.004 * k / 3)
+
+
+def _lone_request(ctl: Controller, max_k: int, accepts, rounds: int, period) -> int | None:
+    """One lone request on `ctl` whose round r accepts accepts(r) of its drafts (a round of k
+    drafts takes period(k) s), stopped as the scalar lane stops it: the round it went plain at,
+    or None."""
     own = ctl.pooled(1)
     for r in range(1, rounds + 1):
-        c = ctl.choose(1, 3, own)
+        c = ctl.choose(1, max_k, own)
         if own.rounds >= MIN_ROUNDS_TO_STOP and c.k == 0:
             return r
         k = max(1, c.k)  # before it may stop, a plain choice still drafts one (ScalarLane.round_k)
         a = min(k, accepts(r))
         own.record(k, a)
-        ctl.observe(1, k, 0.010 + 0.004 * k / 3, [(k, a)])
+        ctl.observe(1, k, period(k), [(k, a)])
     return None
 
 
@@ -256,31 +263,17 @@ def test_a_lone_request_unlike_the_pool_goes_plain_on_its_own_rounds():
     assert _lone_request_after_a_pool(lambda r: 0 if r <= 8 else (1, 1, 2, 0)[r % 4]) is None
 
 
-def _plain_pool(alpha_sixths: int) -> Controller:
-    """Width 1, plain in force (the last request went plain): K=1 rounds at 12 ms accepting
-    alpha_sixths / 6 of their drafts, paired with 10 ms plain rounds."""
-    ctl = fresh()
-    for i in range(48):
+def _plain_pool(alpha_sixths: int, ctl: Controller | None = None, rounds: int = 48) -> Controller:
+    """Width 1 of `ctl` (default: a fresh one), plain in force (the last request went plain): K=1
+    rounds at 12 ms accepting alpha_sixths / 6 of their drafts, paired with 10 ms plain rounds."""
+    ctl = ctl or fresh()
+    for i in range(rounds):
         ctl.observe(1, 1, 0.012, [(1, int(i % 6 < alpha_sixths))])
         if i % 6 == 5:
             feed(ctl, 1, 0, 0.010, accepted=0, n=3)
     wc = ctl.at(1)
     wc.current, wc.rounds_in_choice, wc.plain_run = 0, 4 * MIN_EVIDENCE, 0
     return ctl
-
-
-def _lone_request(ctl: Controller, accepts, rounds: int = 30) -> int | None:
-    """One lone request on `ctl` whose round r accepts accepts(r) of its drafts (K=1 rounds at
-    10 + 2 ms), stopped as the scalar lane stops it: the round it went plain at, or None."""
-    own = ctl.pooled(1)
-    for r in range(1, rounds + 1):
-        c = ctl.choose(1, 1, own)
-        if own.rounds >= MIN_ROUNDS_TO_STOP and c.k == 0:
-            return r
-        a = min(1, accepts(r))
-        own.record(1, a)
-        ctl.observe(1, 1, 0.012, [(1, a)])
-    return None
 
 
 def test_a_new_lone_request_tries_k1_unless_the_pool_predicts_a_clear_loss(monkeypatch):
@@ -293,8 +286,8 @@ def test_a_new_lone_request_tries_k1_unless_the_pool_predicts_a_clear_loss(monke
     ctl = _plain_pool(1)
     c = ctl.choose(1, 1, ctl.pooled(1))
     assert c.k == 1 and ctl.at(1).tentative and "trying K=1 on this request's own rounds" in c.reason, c.reason
-    assert _lone_request(_plain_pool(1), lambda r: 1) is None
-    assert _lone_request(_plain_pool(1), lambda r: int(r % 6 == 0)) == MIN_ROUNDS_TO_STOP + 1
+    assert _lone_request(_plain_pool(1), 1, lambda r: 1, 30, lambda k: 0.012) is None
+    assert _lone_request(_plain_pool(1), 1, lambda r: int(r % 6 == 0), 30, lambda k: 0.012) == MIN_ROUNDS_TO_STOP + 1
     ctl = _plain_pool(0)
     assert ctl.choose(1, 1, ctl.pooled(1)).k == 0
     monkeypatch.setattr(width_control, "LONE_TRY", False)
@@ -568,13 +561,7 @@ def _lone_try_run(lm, prompt, monkeypatch, lone_try: bool) -> dict:
     monkeypatch.setattr(width_control, "LONE_TRY", lone_try)
     forced(monkeypatch, 1.2)
     eng = on(lm)
-    ctl = eng.spec.control
-    for i in range(60):  # earlier requests: K=1 accepting 1 in 6, paired with plain rounds
-        ctl.observe(1, 1, 0.012, [(1, int(i % 6 == 0))])
-        if i % 6 == 5:
-            feed(ctl, 1, 0, 0.010, accepted=0, n=3)
-    wc = ctl.at(1)
-    wc.current, wc.rounds_in_choice, wc.plain_run = 0, 4 * MIN_EVIDENCE, 0
+    _plain_pool(1, eng.spec.control, rounds=60)  # earlier requests: K=1 accepting 1 in 6, paired with plain rounds
     run = drive(eng, {0: [("a", prompt, P(32, seed=9, t=0.8))]})
     check_solo(lm, run)
     eng.close()
