@@ -6,7 +6,10 @@ For each of bench_matrix.py's questions (code and chat; none in the training dat
 answers greedily with the head drafting K = 3 every round (accepted drafts per round, live); then the
 same prompt + answer is read by the target once (`smollm2_data.teacher_forced`, with the streams the
 head reads) and scored as held-out data is (`train_smollm2_eagle3.agreement`: mean accepted drafts of
-a 3-chain over the answer's positions).
+a 3-chain over the answer's positions). Then what a tree could add on the same positions
+(`coverage`): how often the target's token is among the head's top k at t+2 (a depth-1 tree of k
+branches accepts its first draft that often), and how often t+3 agrees once t+2 did (what a chain's
+second draft adds).
 
 Run: ``python -m gmlx_training.replay_smollm2_eagle3 [--head DIR] [--max-tokens 96]``
 """
@@ -31,7 +34,7 @@ from gmlx.heads.eagle3_checkpoint import load_eagle3_head  # noqa: E402
 from gmlx.models.loading import load  # noqa: E402
 from gmlx.weights import SMOLLM2_EAGLE3  # noqa: E402
 from gmlx_training.smollm2_data import Taps, teacher_forced  # noqa: E402
-from gmlx_training.train_smollm2_eagle3 import agreement, windows  # noqa: E402
+from gmlx_training.train_smollm2_eagle3 import agreement, batch_of, unroll, windows  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_matrix import CHAT_ASKS, CODE_ASKS  # noqa: E402
@@ -47,6 +50,27 @@ def head_model(head: Path, lm):
     to_sub = np.full(lm.target.vocab_size, -1, dtype=np.int32)
     to_sub[ids] = np.arange(len(ids), dtype=np.int32)
     return model, bound.rows.astype(mx.float32), to_sub
+
+
+def coverage(model, embed, rows, val: dict, ks: tuple[int, ...] = (1, 2, 4, 8), chunk: int = 8) -> dict:
+    """Teacher-forced, answer positions only: the share where the target's greedy token is among the
+    head's top k at t+2 (`top{k}`), and where t+3 agrees given that t+2 did (`t3_given_t2`)."""
+    hits = dict.fromkeys(ks, 0.0)
+    n = first = second = 0.0
+    for i in range(0, len(val["x"]), chunk):
+        b = batch_of(val, np.arange(i, min(i + chunk, len(val["x"]))))
+        g1, g2 = unroll(model, embed, b, 2)
+        S = g1.shape[1]
+        lab1, lab2 = b["a"][:, 1 : 1 + S], b["a"][:, 2 : 2 + S]
+        mask = b["valid"][:, 1 : 1 + S] * b["ans"]
+        order = mx.argsort(-(model.norm(g1) @ rows.T), axis=-1)[..., : max(ks)]
+        for k in ks:
+            hits[k] += ((order[..., :k] == lab1[..., None]).any(-1) * mask).sum().item()  # sync: eval metric
+        right = mask * b["valid"][:, 2 : 2 + S] * (order[..., 0] == lab1)
+        second += ((mx.argmax(model.norm(g2) @ rows.T, axis=-1) == lab2) * right).sum().item()  # sync: eval metric
+        first += right.sum().item()  # sync: eval metric
+        n += mask.sum().item()  # sync: eval metric
+    return {**{f"top{k}": h / n for k, h in hits.items()}, "t3_given_t2": second / first if first else 0.0}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{kind}: live {accepted / rounds:.3f} accepted drafts per round ({rounds} rounds, K = 3); held-out"
               f" scoring of the same answers {ag['accept_answer']:.3f}; agreement at t+2..t+4"
               f" {ag['t2']:.3f} {ag['t3']:.3f} {ag['t4']:.3f}", flush=True)
+        cov = coverage(model, target.embed_tokens, rows, windows([shard], 128, 3, to_sub, [kind]))
+        print(f"{kind}: the target's token among the head's top 1 / 2 / 4 / 8 at t+2 (answers)"
+              f" {cov['top1']:.3f} / {cov['top2']:.3f} / {cov['top4']:.3f} / {cov['top8']:.3f};"
+              f" t+3 agrees given t+2 did {cov['t3_given_t2']:.3f}", flush=True)
     eng.close()
 
 

@@ -1,7 +1,7 @@
 """Step costs behind SmolLM2's drafter choice: target decode, verify of K+1 tokens, and one draft
 step of the shipped head with its draft vocabulary and with the full one.
 
-Run: ``python -m gmlx_training.smollm2_costs [--dtype float32] [--reps 40]``
+Run: ``python -m gmlx_training.smollm2_costs [--dtype float32] [--reps 40] [--max-verify 5]``
 
 All at batch 1 after a `--context`-token prompt, each up to logits (the argmax a draft needs),
 interleaved so a busy machine's load hits all alike; medians. The verify is the target over K+1
@@ -80,9 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--max-verify", type=int, default=5, help="verify forwards of 2..N tokens")
     a = ap.parse_args(argv)
     lm = load(smollm2.converted(a.dtype))
-    print(json.dumps(step_costs(lm, a.context, a.reps), indent=1))
+    print(json.dumps(step_costs(lm, a.context, a.reps, a.max_verify), indent=1))
 
 
 if __name__ == "__main__":

@@ -100,3 +100,27 @@ def test_held_out_windows_know_their_prompt_kind(tmp_path):
     assert kinds == ["code", "chat", "code", "?"]
     w = windows(shards, 4, 2, np.arange(8, dtype=np.int32), kinds)
     assert [bool(c.all()) for c in w["chat"]] == [False, True, False, False]  # one window per 6-token row
+
+
+def test_coverage_counts_the_target_token_among_the_heads_top_k(setup):
+    """replay_smollm2_eagle3.coverage: labels at the head's second-best token at t+2 are in its top
+    2 and not its top 1 (and t+3 is then never asked); labels at its best agree with `agreement`."""
+    from gmlx_training.replay_smollm2_eagle3 import coverage
+    from gmlx_training.train_smollm2_eagle3 import agreement
+
+    lm, model, cfg, ids, entering, b = setup
+    embed, rows = lm.target.embed_tokens, lm_head_rows(lm.target, mx.array(ids))
+    g1, g2 = unroll(model, embed, b, 2)
+    order = np.array(mx.argsort(-(model.norm(g1) @ rows.T), axis=-1))  # sync: test data
+    best2 = np.array(mx.argmax(model.norm(g2) @ rows.T, axis=-1))  # sync: test data
+    n = S + DEPTHS
+    val = {"aux": np.array(b["aux"]), "x": np.array(b["x"]), "h": np.zeros((1, n, lm.target.hidden_size), np.float16),
+           "valid": np.ones((1, n), np.bool_), "ans": np.ones((1, S), np.bool_), "chat": np.zeros((1, S), np.bool_)}
+    a = np.zeros((1, n), np.int32)
+    a[0, 1 : 1 + S] = order[0, :, 1]
+    cov = coverage(model, embed, rows, {**val, "a": a}, ks=(1, 2, 4))
+    assert cov == {"top1": 0.0, "top2": 1.0, "top4": 1.0, "t3_given_t2": 0.0}
+    a[0, 1 : 1 + S] = order[0, :, 0]  # labels are one sequence: t+3's label at t is t+2's at t+1
+    cov = coverage(model, embed, rows, {**val, "a": a}, ks=(1,))
+    assert cov["top1"] == 1.0 == agreement(model, embed, rows, {**val, "a": a}, 3)["t2"]
+    assert cov["t3_given_t2"] == pytest.approx(np.mean(best2[0] == a[0, 2 : 2 + S]))
