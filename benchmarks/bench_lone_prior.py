@@ -1,5 +1,5 @@
-"""A lone request's control, variants side by side: code and chat requests alternating in one
-process, one at a time, as shipped (the online control on) with one rule of the control changed
+"""A lone request's control (or, with --concurrency c, a batch's), variants side by side: code
+and chat requests alternating in one process, one (or c) at a time, as shipped (the online control on) with one rule of the control changed
 per variant, beside plain and, optionally, fixed K = 1. Every control variant shares the one pool
 (the control's figures are kept per target), so they differ only in the rule.
 
@@ -18,14 +18,18 @@ Variants (`--variants`):
 - ceil1: the control with one draft at most at width 1, as after `gmlx sweep-cap --write` here
   (it recommends "a lone request: K = 1" for SmolLM2 float32 on this CPU).
 - k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
+- noshift: a batch width's pooled figures not reset when its rows' acceptance shifts
+  (gmlx/policy/shift.py; the lone request's width has no such watch) — gmlx before it.
 
 Greedy, EOS ignored, c = 1 (each repeat: one code request, then one chat request, each arm; the
-arm order alternates between repeats). Speedups: medians of per-repeat ratios to plain.
+arm order alternates between repeats); with --concurrency c, each arm runs c code requests together,
+then c chat requests. Speedups: medians of per-repeat ratios to plain.
 
 Run: ``python benchmarks/bench_lone_prior.py --model smollm2-f32 --repeats 16 --max-tokens 48``
+``... --concurrency 2 --variants light,noshift`` (a batch of chat requests after one of code ones),
 (light, heavy), ``... --variants noretry,k1``, ``... --variants light,ceil1,k1``,
 ``... --variants light,notry,ceil1,ceil1notry,k1``.
-Writes bench_results/<utc>_lone_prior.json and .md.
+Writes bench_results/<utc>_lone_prior.json and .md (<utc>_batch_shift.* with --concurrency above 1).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from gmlx import EngineConfig
 from gmlx.config import Switches
 from gmlx.engine.cap_watch import CapWatch
 from gmlx.machine import describe
-from gmlx.policy import control, width_control
+from gmlx.policy import control, shift, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
 from common import command_line, ratio, run_burst, write_result
@@ -70,14 +74,15 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "notry": ("no K=1 try for a new request", lambda: patch.object(width_control, "LONE_TRY", False)),
     "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
+    "noshift": ("no reset on an acceptance shift", lambda: patch.object(shift, "Z_SHIFT", float("inf"))),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
 
 
-def one(lm, arm: str, prompt: list[int], max_tokens: int) -> dict:
+def one(lm, arm: str, prompts: list[list[int]], max_tokens: int) -> dict:
     config, switches = K1 if arm == "k1" else ARMS["plain" if arm == "plain" else "default"][:2]
     with contextlib.nullcontext() if arm == "plain" else VARIANTS[arm][1]():
-        return run_burst(lm, [prompt], max_tokens, config, switches)
+        return run_burst(lm, prompts, max_tokens, config, switches)
 
 
 def main() -> None:
@@ -85,6 +90,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-f32")
     ap.add_argument("--repeats", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--concurrency", type=int, default=1, help="requests submitted together")
     ap.add_argument("--variants", default="light,heavy", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
@@ -95,14 +101,19 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variant {unknown[0]!r}: one of {', '.join(VARIANTS)}")
     for arm in arms:  # warm-up: kernels, the probe, the allocator
-        one(lm, arm, pools["code"][0], 8)
+        one(lm, arm, pools["code"][:1], 8)
     reps = {kind: {arm: [] for arm in arms} for kind in pools}
     for rep in range(a.repeats):
-        for kind, pool in pools.items():
-            for arm in arms if rep % 2 == 0 else list(reversed(arms)):
-                r = one(lm, arm, pool[rep % len(pool)], a.max_tokens)
-                reps[kind][arm].append(r)
-                print(f"rep {rep} {kind} {arm:7s} {r['tok_s']:6.1f} tok/s acc {r['acc']}", flush=True)
+        order = arms if rep % 2 == 0 else list(reversed(arms))
+        # c = 1: each kind, every arm; a batch: each arm, its code burst then its chat burst (each
+        # arm's chat batch starts where code left the pooled figures)
+        runs = ([(kind, arm) for kind in pools for arm in order] if a.concurrency == 1
+                else [(kind, arm) for arm in order for kind in pools])
+        for kind, arm in runs:
+            pool = pools[kind]
+            r = one(lm, arm, [pool[(rep + i) % len(pool)] for i in range(a.concurrency)], a.max_tokens)
+            reps[kind][arm].append(r)
+            print(f"rep {rep} {kind} {arm:7s} {r['tok_s']:6.1f} tok/s acc {r['acc']}", flush=True)
     cells = []
     for kind, by_arm in reps.items():
         plain = by_arm["plain"]
@@ -115,7 +126,7 @@ def main() -> None:
                             for arm in arms}}
         cells.append(cell)
     result = {"machine": describe(), "command": command_line("bench_lone_prior.py", a), "cells": cells}
-    path = write_result(a.out, "lone_prior", result)
+    path = write_result(a.out, "lone_prior" if a.concurrency == 1 else "batch_shift", result)
     lines = [f"`{result['command']}`", "",
              "| prompts | plain tok/s | " + " | ".join(f"{v} ({VARIANTS[v][0]})" for v in arms[1:]) + " | same tokens |",
              "|---|---|" + "---|" * len(arms)]
