@@ -18,18 +18,19 @@ Variants (`--variants`):
 - ceil1: the control with one draft at most at width 1, as after `gmlx sweep-cap --write` here
   (it recommends "a lone request: K = 1" for SmolLM2 float32 on this CPU).
 - k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
-- noshift: a batch width's pooled figures not reset when its rows' acceptance shifts
-  (gmlx/policy/shift.py; the lone request's width has no such watch) — gmlx before it.
+(A batch width's acceptance-shift reset — the pooled figures reset when its last 16 row-rounds'
+acceptance sat 3 standard deviations off the pooled rate — ran as `noshift` at 73bbc36 with
+--concurrency 2: no effect, and it never fired where chat requests followed code ones; reverted.)
 
 Greedy, EOS ignored, c = 1 (each repeat: one code request, then one chat request, each arm; the
 arm order alternates between repeats); with --concurrency c, each arm runs c code requests together,
 then c chat requests. Speedups: medians of per-repeat ratios to plain.
 
 Run: ``python benchmarks/bench_lone_prior.py --model smollm2-f32 --repeats 16 --max-tokens 48``
-``... --concurrency 2 --variants light,noshift`` (a batch of chat requests after one of code ones),
+``... --concurrency 2 --variants light,k1`` (a batch of chat requests after one of code ones),
 (light, heavy), ``... --variants noretry,k1``, ``... --variants light,ceil1,k1``,
 ``... --variants light,notry,ceil1,ceil1notry,k1``.
-Writes bench_results/<utc>_lone_prior.json and .md (<utc>_batch_shift.* with --concurrency above 1).
+Writes bench_results/<utc>_lone_prior.json and .md (<utc>_batch_mixed.* with --concurrency above 1).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from gmlx import EngineConfig
 from gmlx.config import Switches
 from gmlx.engine.cap_watch import CapWatch
 from gmlx.machine import describe
-from gmlx.policy import control, shift, width_control
+from gmlx.policy import control, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
 from common import command_line, ratio, run_burst, write_result
@@ -74,7 +75,6 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "notry": ("no K=1 try for a new request", lambda: patch.object(width_control, "LONE_TRY", False)),
     "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
-    "noshift": ("no reset on an acceptance shift", lambda: patch.object(shift, "Z_SHIFT", float("inf"))),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
 
@@ -126,7 +126,7 @@ def main() -> None:
                             for arm in arms}}
         cells.append(cell)
     result = {"machine": describe(), "command": command_line("bench_lone_prior.py", a), "cells": cells}
-    path = write_result(a.out, "lone_prior" if a.concurrency == 1 else "batch_shift", result)
+    path = write_result(a.out, "lone_prior" if a.concurrency == 1 else "batch_mixed", result)
     lines = [f"`{result['command']}`", "",
              "| prompts | plain tok/s | " + " | ".join(f"{v} ({VARIANTS[v][0]})" for v in arms[1:]) + " | same tokens |",
              "|---|---|" + "---|" * len(arms)]

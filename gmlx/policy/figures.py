@@ -143,11 +143,6 @@ class Times:
         self.tokens.setdefault(k, deque(maxlen=2 * WINDOW)).append(per_row)
         self.memo.pop(k, None)
 
-    def forget_tokens(self) -> None:
-        """Drop every k's tokens per round (the rows' acceptance changed: gmlx/policy/shift.py)."""
-        self.tokens.clear()
-        self.memo.clear()
-
     def forget(self, k: int) -> None:
         """Drop k's periods and tokens per round (it is measured afresh)."""
         self.by_k.pop(k, None)

@@ -12,7 +12,6 @@ from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
-from gmlx.policy.shift import KEEP_ROUNDS, ShiftWatch
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_TRY, MIN_EVIDENCE,
                                     MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                     REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
@@ -23,12 +22,9 @@ from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FA
 class WidthControl:
     """The figures and the choice in force at one width bucket."""
 
-    def __init__(self, plain: Times, spec: Times, watch_shift: bool = False):
+    def __init__(self, plain: Times, spec: Times):
         self.plain, self.spec = plain, spec  # shared per target / per (target, drafter)
         self.acceptance = Acceptance()
-        # A batch width's rows are the requests running now; the lone request's width pools
-        # requests on purpose (figures.LONE_DECAY), each request following its own rounds.
-        self.shift = ShiftWatch() if watch_shift else None
         self.current: int | None = None  # the k in force (None: not decided yet)
         self.rounds_in_choice = 0
         self.rounds = 0  # rounds observed here
@@ -235,15 +231,6 @@ class WidthControl:
         (self.plain if k == 0 else self.spec).add(k, seconds)
         self._pair(k, seconds)
 
-    def _shifted(self) -> None:
-        """The rows' acceptance changed (gmlx/policy/shift.py): the pooled rates stay, worth
-        KEEP_ROUNDS rounds, and the tokens per round measured before go — each k's gain follows
-        the acceptance's model until its rounds are measured again."""
-        rounds = self.acceptance.rounds
-        self.acceptance = self.acceptance.copy(self.acceptance.decay, KEEP_ROUNDS)
-        self.acceptance.rounds = rounds
-        self.spec.forget_tokens()
-
     def _pair(self, k: int, seconds: float) -> None:
         before = self.pairs.samples
         self.pairs.add(k, seconds, time.perf_counter())
@@ -266,10 +253,6 @@ class WidthControl:
             self.spec.add_tokens(k, sum(min(a, d) + 1 for d, a in rows) / len(rows))
         for drafted, accepted in rows:
             self.acceptance.record(drafted, accepted)
-            if self.shift is not None:
-                self.shift.record(drafted, accepted)
-        if self.shift is not None and self.shift.shifted(self.acceptance.alpha):
-            self._shifted()
         self.rounds_in_choice += 1
         self.rounds += 1
         if k == 0:
