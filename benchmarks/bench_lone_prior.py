@@ -1,7 +1,8 @@
 """A lone request's control (or, with --concurrency c, a batch's), variants side by side: code
-and chat requests alternating in one process, one (or c) at a time, as shipped (the online control on) with one rule of the control changed
-per variant, beside plain and, optionally, fixed K = 1. Every control variant shares the one pool
-(the control's figures are kept per target), so they differ only in the rule.
+and chat requests alternating in one process, one (or c) at a time, as shipped (the online control
+on) with one rule of the control changed per variant, beside plain and, optionally, fixed K = 1.
+Every control variant shares the one pool (the control's figures are kept per target), so they
+differ only in the rule.
 
 Variants (`--variants`):
 - light / heavy: a new request's own acceptance estimate starts from the pool's rates worth

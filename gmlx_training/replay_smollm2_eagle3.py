@@ -97,11 +97,12 @@ def main(argv: list[str] | None = None) -> None:
         shard = {k: np.concatenate([x[k] for x in replay]) for k in ("tokens", "hidden", "argmax", "aux")}
         shard |= {"starts": np.cumsum([0] + [len(x["tokens"]) for x in replay]),
                   "prompt_len": np.array([x["prompt_len"] for x in replay])}
-        ag = agreement(model, target.embed_tokens, rows, windows([shard], 128, 3, to_sub, [kind]), 3)
+        val = windows([shard], 128, 3, to_sub, [kind])
+        ag = agreement(model, target.embed_tokens, rows, val, 3)
         print(f"{kind}: live {accepted / rounds:.3f} accepted drafts per round ({rounds} rounds, K = 3); held-out"
               f" scoring of the same answers {ag['accept_answer']:.3f}; agreement at t+2..t+4"
               f" {ag['t2']:.3f} {ag['t3']:.3f} {ag['t4']:.3f}", flush=True)
-        cov = coverage(model, target.embed_tokens, rows, windows([shard], 128, 3, to_sub, [kind]))
+        cov = coverage(model, target.embed_tokens, rows, val)
         print(f"{kind}: the target's token among the head's top 1 / 2 / 4 / 8 at t+2 (answers)"
               f" {cov['top1']:.3f} / {cov['top2']:.3f} / {cov['top4']:.3f} / {cov['top8']:.3f};"
               f" t+3 agrees given t+2 did {cov['t3_given_t2']:.3f}", flush=True)
