@@ -158,7 +158,7 @@ class WidthControl:
         # A try needs room: its rounds must run here before a row finishes and the width changes.
         room = not remaining or min(remaining) >= MIN_EVIDENCE * emitted(alpha, max(best_spec, 1))
         # A new lone request (none of its own rounds yet) where plain is in force (see LONE_TRY)
-        trying = LONE_TRY and lone and max_k and acc.rounds == 0 and best == 0 and gains[1] >= TRY_FIRST
+        trying = LONE_TRY and lone and max_k > 0 and acc.rounds == 0 and best == 0 and gains[1] >= TRY_FIRST
         if trying:
             best = 1
         elif cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
@@ -192,7 +192,7 @@ class WidthControl:
         return Choice(best, gains[best], alpha, t0, tk if best else None, src == "paired" or (measured and not src),
                       self.exploring, best_spec=alt, from_width=nearby[0] if near is not None and not src else None,
                       doubt=doubt, drain=drains[best or best_spec], ratio=r and max(r, MIN_RATIO), probe=src == "probe",
-                      tried=bool(trying))
+                      tried=trying)
 
     def _seen(self, k: int, acc: Acceptance, pooled: Acceptance | None) -> float:
         """k's tokens per row and round: measured here (a lone request's scaled to its own
