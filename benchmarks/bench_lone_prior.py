@@ -19,6 +19,11 @@ Variants (`--variants`):
 - ceil1: the control with one draft at most at width 1, as after `gmlx sweep-cap --write` here
   (it recommends "a lone request: K = 1" for SmolLM2 float32 on this CPU).
 - k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
+- norearm / sure: a lone request the control sends plain drops its drafter and decodes plain to
+  its end, and a try stays only if its gain is sure (norearm: gmlx before scalar.REARM_MIN and
+  width_control.LONE_POINT); or it re-arms but the doubt is kept (sure).
+- off: the default drafter with the control off (the scalar lane's own rule: K per round from
+  the request's acceptance and the load probe's costs).
 (A batch width's acceptance-shift reset — the pooled figures reset when its last 16 row-rounds'
 acceptance sat 3 standard deviations off the pooled rate — ran as `noshift` at 73bbc36 with
 --concurrency 2: no effect, and it never fired where chat requests followed code ones; reverted.)
@@ -48,6 +53,7 @@ from gmlx import EngineConfig
 from gmlx.config import Switches
 from gmlx.engine.cap_watch import CapWatch
 from gmlx.machine import describe
+from gmlx.decode import scalar
 from gmlx.policy import control, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
@@ -76,12 +82,20 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "notry": ("no K=1 try for a new request", lambda: patch.object(width_control, "LONE_TRY", False)),
     "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
+    # a lone request sent plain drops its drafter and stays plain, and a try stays only if its gain
+    # is sure (gmlx before this rule: scalar.REARM_MIN, width_control.LONE_POINT)
+    "norearm": ("no re-arm, doubt kept", lambda: _both(patch.object(scalar, "REARM_MIN", 10 ** 9),
+                                                       patch.object(width_control, "LONE_POINT", False))),
+    "sure": ("re-arm, doubt kept", lambda: patch.object(width_control, "LONE_POINT", False)),
+    "off": ("the default drafter, control off", contextlib.nullcontext),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
+OFF = (EngineConfig(width_cap=0, prompt_cache_bytes=0), Switches(control=False))  # the lane's own K per round (its acceptance, the probe's costs)
 
 
 def one(lm, arm: str, prompts: list[list[int]], max_tokens: int) -> dict:
-    config, switches = K1 if arm == "k1" else ARMS["plain" if arm == "plain" else "default"][:2]
+    config, switches = (K1 if arm == "k1" else OFF if arm == "off" else
+                        ARMS["plain" if arm == "plain" else "default"][:2])
     with contextlib.nullcontext() if arm == "plain" else VARIANTS[arm][1]():
         return run_burst(lm, prompts, max_tokens, config, switches)
 

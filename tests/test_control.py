@@ -314,6 +314,25 @@ def test_a_lone_request_is_decided_on_its_own_acceptance(own, speculates):
     assert c.best_spec[1] == pytest.approx(1.5 * (1 + own) / pooled_e * 10 / 12.5, rel=1e-6)
 
 
+@pytest.mark.parametrize("point", [True, False])
+def test_a_lone_requests_try_is_kept_on_its_predicted_gain_once_paired(monkeypatch, point):
+    """Width 1 paired (K=1 rounds at 9.5 or 15.5 ms beside 10 ms plain ones: ratio 1.21, its error
+    0.08); a request's try of K=1 at acceptance 0.35 is predicted 1.11x, within Z standard errors of
+    plain. With LONE_POINT (the request re-arms if sent plain: gmlx/decode/scalar.py) the predicted
+    gain keeps it; without, the doubt sends it plain."""
+    monkeypatch.setattr(width_control, "LONE_POINT", point)
+    ctl = fresh()
+    for i in range(16):
+        ctl.observe(1, 1, (0.0095, 0.0155)[i % 2], [(1, i % 2)])
+        feed(ctl, 1, 0, 0.010, accepted=0)
+    wc = ctl.at(1)
+    assert wc.pairs.ratio(1) == pytest.approx(1.21, abs=0.01) and wc.pairs.error(1) > 0.05
+    wc.current, wc.rounds_in_choice, wc.tentative = 1, MIN_EVIDENCE, True
+    c = ctl.choose(1, 1, Acceptance(0.35 * 20, 0.65 * 20, 10))
+    assert c.best_spec[1] == pytest.approx(1.11, abs=0.01)
+    assert (c.k == 1) is point and ("within noise" in c.reason) is not point, c.reason
+
+
 def test_a_gain_within_the_machines_noise_does_not_leave_plain():
     """The same 1.10x median gain, but the speculative periods swing 8 ms either way (a noisy VM):
     its standard error exceeds its margin over plain, so plain stays, said with the noise."""
@@ -538,19 +557,22 @@ def test_forced_speculative_the_batch_keeps_speculating_and_every_stream_equals_
 @pytest.mark.parametrize("spec_cost, plain_at_end", [(6.0, True), (1.05, False)])
 def test_a_lone_request_follows_the_measured_choice_and_its_stream_holds(lm, prompts, clean, monkeypatch,
                                                                          spec_cost, plain_at_end):
-    """Nothing paired yet: the first lone request speculates on the load probe's costs and decodes
-    its last tokens plain to pair the two kinds of round (the control's window); the next one is
-    decided on the paired cost (6x: plain; 1.05x: it keeps drafting)."""
+    """Nothing paired yet: the first lone request speculates on the load probe's costs and runs the
+    control's plain window mid-request (it keeps its drafter and re-arms after it: scalar.REARM_MIN),
+    which pairs the two kinds of round; from then on it, and the next request, are decided on the
+    paired cost (6x: plain; 1.05x: they keep drafting)."""
     forced(monkeypatch, spec_cost)
     eng = on(lm)
     params = P(64, seed=9, t=0.8)
     run = drive(eng, {0: [("a", prompts[5], params)], 100: [("b", prompts[4], params)]})  # one after the other
     check_solo(lm, run)
     first, second = run.streams["a"].result, run.streams["b"].result
-    assert "probe" in first.stats["speculation"] or "measuring plain rounds" in first.stats["speculation"]
+    kinds = [d > 0 for *_, d, _e in run.rounds_of("a")]
+    assert True in kinds[kinds.index(False):]  # the window ran mid-request: drafting resumed after it
     pairs = eng.spec.control.at(1).pairs  # the window's plain rounds paired with the drafting ones
     assert pairs.paired() and all(pairs.ratio(k) == pytest.approx(spec_cost) for k in pairs.paired())
-    assert second.stats["speculation"].startswith("plain") is plain_at_end, second.stats["speculation"]
+    for req in (first, second):
+        assert req.stats["speculation"].startswith("plain") is plain_at_end, req.stats["speculation"]
     eng.close()
 
 

@@ -218,3 +218,26 @@ def test_the_doubt_of_a_k_scaled_from_a_paired_one_is_that_pair_and_the_two_spec
     pairs.logs.clear()  # nothing paired: the two medians
     assert gain_doubt(plain, spec, 3, pairs) == pytest.approx(
         math.sqrt(plain.errors(0)[0] ** 2 + spec.errors(3)[0] ** 2 + spec.errors(3)[1] ** 2))
+
+
+def test_the_rounds_after_a_window_run_the_k_before_it_so_both_sides_pair_one_k():
+    """Pairs keys its samples by K: a window between K=3 rounds and K=1 rounds gives one sample to
+    each, and neither K is paired (MIN_PAIRS). The rounds after a window run the K in force before
+    it (PAIR_SPAN of them), even where the control would try a neighbour now (here K=2: K=1 ran
+    last, K=3 before it), so one window pairs."""
+    ctl = Controller(_Target(), "mtp", Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.0))
+    ks = []
+    for _ in range(PLAIN_CHECK_AFTER + PLAIN_WINDOW + PAIR_SPAN + 2):
+        c = ctl.choose(1, 3, Acceptance(5.0, 5.0, 5))  # the lone request's own acceptance: 0.5
+        ks.append(0 if c.window else c.k)
+        ctl.observe(1, ks[-1], 0.010 if c.window else 0.012, [(ks[-1], ks[-1] // 2)])
+    first = ks.index(0)
+    assert ks[first:first + PLAIN_WINDOW] == [0] * PLAIN_WINDOW
+    assert ks[first + PLAIN_WINDOW:first + PLAIN_WINDOW + PAIR_SPAN] == [ks[first - 1]] * PAIR_SPAN, ks
+    pairs = ctl.at(1).pairs
+    assert pairs.paired() == [ks[first - 1]] and pairs.ratio(ks[first - 1]) == pytest.approx(1.2)
+    ctl = Controller(_Target(), "mtp", Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.0))
+    for _ in range(PLAIN_CHECK_AFTER + 2):  # a window starts after K=3 rounds; then a ceiling of 1 (a new request's)
+        c = ctl.choose(1, 3, Acceptance(9.0, 1.0, 5))
+        ctl.observe(1, 0 if c.window else c.k, 0.012, [(c.k, c.k)])
+    assert ctl.at(1).window_k > 1 and ctl.choose(1, 1, Acceptance(9.0, 1.0, 5)).k <= 1

@@ -1,5 +1,9 @@
 """Plain decode of one request, double-buffered like mlx-lm's generate_step: step p+1's forward
-is dispatched before step p's token is read. The reference path for the oracle tests."""
+is dispatched before step p's token is read. The reference path for the oracle tests.
+
+A lone request the control sent plain may keep its drafter (`keep_hidden`): its steps then run
+the target's hidden-capturing forward (the one speculative rounds run) and keep each emitted
+step's hidden state and token, the drafter's pending entries if the request re-arms (`kept`)."""
 
 from __future__ import annotations
 
@@ -15,26 +19,33 @@ from gmlx.sampling import RowSampling, sample
 
 class PlainDecoder:
     def __init__(self, target: Target, cache: list, rs: RowSampling, bonus: int, position: int, remaining,
-                 row=None, pending: list[int] = ()):
+                 row=None, pending: list[int] = (), keep_hidden: bool = False):
         """`remaining()`: the request's budget left, read before dispatching a successor. `row`
         and `pending` (its tokens not yet emitted, ending with `bonus`): what logits processors
-        see (gmlx.processors; needed only when the request has some)."""
+        see (gmlx.processors; needed only when the request has some). `keep_hidden`: see above."""
         self.target = target
         self.row = row
         self.cache = cache
         self.rs = rs
         self.pos = position
         self.remaining = remaining
-        self.next, self.next_lps = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos, pending=pending)
-        _dispatch(self.next, self.next_lps)
+        self.keep: list | None = [] if keep_hidden else None  # (hidden [1, 1, D], token [1, 1]) per step emitted
+        self.next, self.next_lps, self.next_hidden = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos,
+                                                                pending=pending)
+        _dispatch(self.next, self.next_lps, self.next_hidden)
 
     def _step(self, y: mx.array, pos: int, lookahead: bool = False, pending: list[int] = ()):
         """The token at `pos` after `y` (and its logprobs, None unless asked); `lookahead`: y is
-        the previous step's token, still on the device (processors see it there)."""
-        logits = self.target.logits(y, self.cache)[:, -1:]  # [1, 1, V]
+        the previous step's token, still on the device (processors see it there). And its hidden
+        state when kept (else None)."""
+        hidden = None
+        if self.keep is None:
+            logits = self.target.logits(y, self.cache)[:, -1:]  # [1, 1, V]
+        else:
+            logits, hidden = self.target(y, self.cache)  # [1, 1, V], [1, 1, D]
         logits = processed(logits, self.rs, [self.row], [pos], y if lookahead else None, int(lookahead), [pending])
         tok = sample(logits, self.rs, np.array([pos]))  # [1, 1]
-        return tok, scored(logits, tok, self.rs)
+        return tok, scored(logits, tok, self.rs), hidden
 
     @property
     def in_flight(self) -> bool:
@@ -42,23 +53,31 @@ class PlainDecoder:
 
     def round(self, bonus: int, successor: bool = True) -> RoundResult:
         if self.next is not None:
-            cur, cur_lps = self.next, self.next_lps
+            cur, cur_lps, cur_hidden = self.next, self.next_lps, self.next_hidden
         else:
-            cur, cur_lps = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos)
-        self.next = self.next_lps = None
+            cur, cur_lps, cur_hidden = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos)
+        self.next = self.next_lps = self.next_hidden = None
         if successor and self.remaining() > 1:
             # a FAULT ends the row; feed a real id
-            self.next, self.next_lps = self._step(mx.maximum(cur, 0), self.pos + 1, lookahead=True)
+            self.next, self.next_lps, self.next_hidden = self._step(mx.maximum(cur, 0), self.pos + 1, lookahead=True)
             trace.mark("build")
-            _dispatch(self.next, self.next_lps)
+            _dispatch(self.next, self.next_lps, self.next_hidden)
             trace.mark("dispatch")
         tok = cur.item()  # sync: read this step's token while the next one computes
         trace.mark("wait")
         self.pos += 1
+        if self.keep is not None:
+            self.keep.append((cur_hidden, mx.maximum(cur, 0)))  # a FAULT ends the row: never embedded
         res = RoundResult(tokens=[tok], drafted=0, accepted=0)
         attach([res], cur_lps, self.rs)
         return res
 
+    def kept(self) -> tuple[mx.array, mx.array]:
+        """The emitted steps' hidden states [1, n, D] and tokens [1, n] (n >= 1), in order: step i
+        read token x_i and sampled x_{i+1}, as a verify's position does (gmlx/drafters/base.py)."""
+        hidden, tokens = zip(*self.keep)
+        return mx.concatenate(hidden, axis=1), mx.concatenate(tokens, axis=1)
 
-def _dispatch(tok: mx.array, lps: mx.array | None) -> None:
-    mx.async_eval(tok) if lps is None else mx.async_eval(tok, lps)
+
+def _dispatch(tok: mx.array, lps: mx.array | None, hidden: mx.array | None) -> None:
+    mx.async_eval(tok, *(x for x in (lps, hidden) if x is not None))

@@ -16,7 +16,8 @@ A verify of [bonus, d_n..d_{n+k-1}] yields, per row, target tokens t_0..t_k (t_j
 n+j) and hidden states at positions n-1..n+k-1. With a_b accepted drafts the row keeps
 t_0..t_{a_b}: `commit` gets the whole [B, k+1] arrays and the accepted counts, and keeps what
 each row kept. `draft` consumes whatever was pending, so a round with k = 0 (the scalar loop
-near its budget) is just a commit that appends.
+near its budget) is just a commit that appends; with k = 0 and a_b > 0, the a_b + 1 entries given
+are appended (a lone request's plain steps, when it re-arms: gmlx/decode/scalar.py).
 
 Capabilities: `needs_hidden` (prefill and verify must capture target hidden states),
 `shares_kv` (it reads the target's K/V instead of keeping its own), `max_width` (rows it can
@@ -24,7 +25,8 @@ serve at once; None = any), `step_cost` (one draft step in target decode steps, 
 adaptive draft length), `drafts_replaceable` (its `commit` reads only the accepted counts and
 the verify's tokens and hidden states, never its own draft values, and a round it did not draft
 for is a `commit` with k = 0: so another source, a request's predicted output, may supply some
-rows' drafts; gmlx/drafters/prediction.py).
+rows' drafts; gmlx/drafters/prediction.py), `rearms(st)` (a lone request that went plain may keep
+its state and re-arm from its plain steps' hidden states: a `commit` with k = 0 of several).
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ class Drafter(ABC):
 
     @abstractmethod
     def capture(self, rows: list, hidden: mx.array, targets: mx.array) -> object: ...
+
+    def rearms(self, st: object) -> bool:
+        """Whether a lone request that goes plain may keep this state and re-arm from its plain
+        steps (a `commit` with k = 0 of several: see above)."""
+        return True
 
 
 def pad_to(x: mx.array, p: int) -> mx.array:

@@ -259,6 +259,10 @@ class PredictionDrafter(Drafter):
             return self.inner.draft_lengths(st.inner) if self.inner is not None else None
         return st.lengths
 
+    def rearms(self, st: PredictionRows) -> bool:
+        """Not with a prediction (its commit counts accepted prediction tokens: plain steps are none)."""
+        return not st.any and self.inner is not None and self.inner.rearms(st.inner)
+
     def commit(self, st: PredictionRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
         if self.inner is not None:
             # the inner drafter rolls back what it drafted itself (k = 0: it did not draft this round)

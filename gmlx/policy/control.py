@@ -42,9 +42,12 @@ nothing paired runs PLAIN_WINDOW plain rounds after its first few speculative on
 another width lends its paired ratio: a window costs a gate and a resume, a large share of a
 short burst), and one that
 has gone REFRESH_FIRST speculative rounds without a pair runs REFRESH_WINDOW plain rounds
-(doubling the interval each time, up to REFRESH_MAX: under 1 % of rounds). The lone request
-cannot re-arm its drafter mid-request, so it runs its window at its tail (its last few tokens
-plain). Plain round times are shared by every engine on the same target in the process (a plain
+(doubling the interval each time, up to REFRESH_MAX: under 1 % of rounds). The rounds after a
+window run the K in force before it (Pairs keys its samples by K). The lone request runs its
+window mid-request and re-arms after it (its drafter kept, its plain steps' hidden states handed
+to it: gmlx/decode/scalar.py), or at its tail when too few tokens remain. A lone request is
+decided on its predicted gain alone once its width is paired (LONE_POINT): sent plain, it keeps
+its drafter and the control's exploration re-arms it. Plain round times are shared by every engine on the same target in the process (a plain
 baseline's rounds teach the speculative engine), speculative ones per (target, drafter kind).
 
 A batch is charged for draining (gmlx/policy/drain.py): rows whose budgets end together finish

@@ -34,6 +34,14 @@ FAR = 1.5
 # `sweep-cap --write` records here). K = 1 is the cheapest try: at zero acceptance a round still
 # yields one token for ~1.2 plain steps.
 LONE_TRY = True
+# A lone request is decided on its predicted gain alone (MARGIN to enter or keep a try, STAY to
+# stay), without the doubt (Z standard errors), once its width's cost ratio is paired: its own
+# rounds keep measuring it, and a request sent plain keeps its drafter and re-arms
+# (gmlx/decode/scalar.py REARM_MIN), so a wrong choice costs the rounds until they show it. With
+# the doubt, a SmolLM2 chat answer (K = 1-2 predicted ~1.05-1.3x, doubt 0.1-1 after 8 rounds of
+# one request) went plain for good after its first 8 rounds, where drafting throughout ran 1.13x
+# (128 tokens). Before a pair the doubt stays: the load probe's forward-only ratio errs low.
+LONE_POINT = True
 # A k round's cost relative to a plain one is at least 1: its verify reads every weight a plain
 # step reads (and the drafter's besides). A measured ratio below it is the machine's noise (traced
 # under load: a SmolLM2 K=3 round "0.64x a plain one's, paired", and a chat request accepting 13 %

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
-from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Acceptance, Pairs, Times, gain_doubt, surely_pays
-from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_TRY, MIN_EVIDENCE,
-                                    MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
+from gmlx.policy.figures import (MARGIN, MIN_SAMPLES, PAIR_SPAN, STAY, Acceptance, Pairs, Times, gain_doubt,
+                                 surely_pays)
+from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_POINT, LONE_TRY,
+                                    MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                     REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
@@ -33,6 +34,9 @@ class WidthControl:
         self.spec_rounds = 0
         self.last_run: dict[int, int] = {}  # k -> spec_rounds when it last ran here
         self.plain_window = 0  # plain rounds still owed to a window (figures.Pairs: its rounds pair)
+        # the K in force when the window started, and the speculative rounds after it that still run
+        # it: Pairs keys its samples by K, so the window pairs one K on both sides
+        self.window_k, self.after_window = 0, 0
         self.pairs = Pairs()  # T(k) / T(0) from periods timed close together (figures.Pairs)
         self.since_pair = 0  # speculative rounds since the last pair
         self.refresh_after = PLAIN_CHECK_AFTER
@@ -136,9 +140,11 @@ class WidthControl:
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
-        # the noise matters only to a gain of at least 1 (the entry test, the reason): not computed otherwise
+        # the noise matters only to a gain of at least 1 (the entry test, the reason): not computed
+        # otherwise, nor for a lone request once paired (LONE_POINT)
+        point = lone and LONE_POINT and bool(self.pairs.paired())
         doubt = (gain_doubt(self.plain, self.spec, best_spec, self.pairs, probe=lone and not self.pairs.paired())
-                 if best_spec and near is None and gains[best_spec] >= 1.0 else 0.0)
+                 if best_spec and near is None and not point and gains[best_spec] >= 1.0 else 0.0)
         unsure = bool(doubt) and gains[best_spec] >= MARGIN and not surely_pays(gains[best_spec], doubt)
         if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
             settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
@@ -175,6 +181,8 @@ class WidthControl:
         elif best > 0 and best == argmax and gains[best] > 1.0:
             best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, pooled, lone,
                                                                           drains))
+        if best and self.window_k in gains and self.window_k and (self.plain_window or self.after_window):
+            best = self.window_k  # (within this caller's ceiling: a new request may have a lower one)
         if cur is None or (best == 0) != (cur == 0):
             self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring or trying)
             if best > 0 and cur == 0 and not self.exploring and not trying:
@@ -260,6 +268,7 @@ class WidthControl:
             self.plain_window = max(0, self.plain_window - 1)
         else:
             self.plain_run = 0
+            self.after_window = max(0, self.after_window - (self.plain_window == 0))
             self.spec_rounds += 1
             self.last_run[k] = self.spec_rounds
             self.since_pair += 1
@@ -272,4 +281,5 @@ class WidthControl:
                 self.plain_window = (0 if self.far or (first and ratio_lent()) else PLAIN_WINDOW if first
                                      else REFRESH_WINDOW)
                 self.since_pair = 0
+                self.window_k, self.after_window = (k, PAIR_SPAN) if self.plain_window else (0, 0)
                 self.refresh_after = REFRESH_FIRST if first else min(REFRESH_MAX, 2 * self.refresh_after)

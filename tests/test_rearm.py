@@ -1,0 +1,119 @@
+"""A lone request the control sends plain keeps its drafter and re-arms when the control asks for
+drafts again (gmlx/decode/scalar.py REARM_MIN; gmlx/decode/plain.py `keep_hidden`): its plain
+steps' hidden states become the drafter's pending entries. Tokens never move: every stream equals
+its solo plain decode, greedy and seeded; the branch is forced both ways, on the test model and
+on SmolLM2 with its shipped head."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine_helpers import P, check_solo, drive
+from numerics import assert_close
+from test_control import forced, on
+from gmlx.decode import scalar
+from gmlx.decode.plain import PlainDecoder
+from gmlx.decode.prefill import prefill_row
+from gmlx.drafters.base import DraftPick
+from gmlx.drafters.select import select_drafter
+from gmlx.engine.oracle import make_row
+from gmlx.policy import control, width_control
+from gmlx.sampling import RowSampling
+
+LM_WITHOUT_EOS = True  # budgets alone end these requests
+
+
+@pytest.fixture
+def clean(lm):
+    control.forget(lm.target)
+    yield
+    control.forget(lm.target)
+
+
+def _lone(lm, prompt, params, monkeypatch, rearm: bool):
+    """One lone request whose drafts lose (a round of drafts timed at 6 plain ones), the control
+    unpinned: nothing paired, it drafts on the load probe's costs until the control's plain windows
+    (after PLAIN_CHECK_AFTER rounds, then every 4: FAR and REFRESH_FIRST patched, so the windows
+    come soon) pair the two kinds of round; the loss measured, it decodes plain, and its
+    exploration asks for drafts again after 8 plain rounds (EXPLORE_FIRST, EXPLORE_SOON patched). `rearm` False: REARM_MIN out
+    of reach (the window runs at the request's tail, its drafter dropped). Returns the drafts of its
+    rounds from the first plain one on; its stream checked against its solo plain decode."""
+    forced(monkeypatch, 6.0)
+    monkeypatch.setattr(width_control, "FAR", 100.0)
+    monkeypatch.setattr(width_control, "REFRESH_FIRST", 4)
+    monkeypatch.setattr(width_control, "EXPLORE_FIRST", 8)
+    monkeypatch.setattr(width_control, "EXPLORE_SOON", 8)
+    if not rearm:
+        monkeypatch.setattr(scalar, "REARM_MIN", 10 ** 6)
+    eng = on(lm)
+    run = drive(eng, {0: [("a", prompt, params)]})
+    check_solo(lm, run)
+    eng.close()
+    drafted = [d for *_, d, _e in run.rounds_of("a")]
+    first_plain = drafted.index(0, 1)  # round 0 may be the prompt's (no drafts)
+    return drafted[first_plain:]
+
+
+@pytest.mark.parametrize("params", [P(96), P(96, seed=9, t=0.8)], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("rearm", [True, False])
+def test_a_lone_request_sent_plain_drafts_again_only_when_it_may_rearm(lm, prompts, clean, monkeypatch, params,
+                                                                      rearm):
+    after = _lone(lm, prompts[5], params, monkeypatch, rearm)
+    assert (sum(after) > 0) is rearm, after
+    if rearm:  # each exploration drafts a few rounds and, the loss confirmed, goes plain again
+        assert after.count(0) > len(after) // 2, after
+
+
+@pytest.mark.parametrize("rearm", [True, False])
+def test_smollm2_a_lone_request_sent_plain_drafts_again_only_when_it_may_rearm(smollm2, monkeypatch, rearm):
+    """The same on the real model with its shipped EAGLE-3 head (greedy)."""
+    lm = smollm2.load("float32")
+    control.forget(lm.target)
+    try:
+        after = _lone(lm, lm.tokenizer.encode("Explain why the sky is blue."), P(64), monkeypatch, rearm)
+    finally:
+        control.forget(lm.target)
+    assert (sum(after) > 0) is rearm, after
+
+
+def test_plain_steps_keep_the_hidden_states_a_verify_would_give(lm, prompts):
+    """`keep_hidden`: the same tokens as the plain path, and per emitted step the hidden state at
+    the token it read (a whole-sequence forward's, within tolerance) and the token it sampled."""
+    n = 6
+    row = make_row(lm, prompts[2], P(n))
+    pre = prefill_row(lm.target, row, 512, want_hidden=False)
+    rs = RowSampling.from_params([row.params], [row.seed])
+    plain = PlainDecoder(lm.target, pre.cache, rs, row.prompt[-1], row.next_position, lambda: n, keep_hidden=True)
+    out = [plain.round(0).tokens[0] for _ in range(n - 1)]
+    out.append(plain.round(0, successor=False).tokens[0])
+    hidden, tokens = plain.kept()
+    assert np.array(tokens)[0].tolist() == out  # sync: test read
+    seq = list(row.prompt) + out
+    _, full = lm.target(mx.array([seq[:-1]], dtype=mx.int32), lm.target.make_cache())
+    assert_close(hidden[0], full[0, len(row.prompt) - 1:], msg="kept hidden states")
+
+
+@pytest.mark.parametrize("kind", ["mtp", "assistant", "draft", "ngram"])
+def test_one_commit_of_the_plain_steps_drafts_as_one_commit_per_step(lm, prompts, kind):
+    """The drafter base's contract for a re-arm: a commit with k = 0 of n entries leaves the state
+    n commits of one entry each leave (the next drafts equal; the drafter teacher-forces over its
+    pending entries at its next draft either way). The draft model is the target itself."""
+    drafter = select_drafter(lm, kind, draft_lm=lm if kind == "draft" else None)
+    n, row = 7, make_row(lm, prompts[3], P(8))
+    pre = prefill_row(lm.target, row, 512, want_hidden=drafter.needs_hidden)
+    rs = RowSampling.from_params([row.params], [row.seed])
+    plain = PlainDecoder(lm.target, pre.cache, rs, row.prompt[-1], row.next_position, lambda: n, keep_hidden=True)
+    for i in range(n):
+        plain.round(0, successor=i < n - 1)
+    hidden, tokens = plain.kept()
+    pick = DraftPick(None, np.array([row.next_position + n]))
+    drafts = []
+    for one_by_one in (False, True):
+        st = drafter.start([row], [pre])
+        if one_by_one:
+            for i in range(n):
+                drafter.commit(st, 0, np.array([0]), hidden[:, i:i + 1], tokens[:, i:i + 1])
+        else:
+            drafter.commit(st, 0, np.array([n - 1]), hidden, tokens)
+        drafts.append(np.array(drafter.draft(st, 3, pick, pre.cache)).tolist())  # sync: test read
+    assert drafts[0] == drafts[1]
