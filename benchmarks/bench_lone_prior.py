@@ -22,6 +22,8 @@ Variants (`--variants`):
 - norearm / sure: a lone request the control sends plain drops its drafter and decodes plain to
   its end, and a try stays only if its gain is sure (norearm: gmlx before scalar.REARM_MIN and
   width_control.LONE_POINT); or it re-arms but the doubt is kept (sure).
+- nosoon: a lone request sent plain at a gain near 1 (within its acceptance's standard error)
+  waits out the exploration's back-off instead of trying again after EXPLORE_SOON rounds.
 - off: the default drafter with the control off (the scalar lane's own rule: K per round from
   the request's acceptance and the load probe's costs).
 (A batch width's acceptance-shift reset — the pooled figures reset when its last 16 row-rounds'
@@ -88,6 +90,9 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
                                                        patch.object(width_control, "LONE_POINT", False))),
     "sure": ("re-arm, doubt kept", lambda: patch.object(width_control, "LONE_POINT", False)),
     "off": ("the default drafter, control off", contextlib.nullcontext),
+    # a lone request sent plain at a gain near 1 waits out the back-off (64 plain rounds, doubling)
+    # instead of exploring after EXPLORE_SOON (width_control.acceptance_doubt)
+    "nosoon": ("no soon re-try", lambda: patch.object(width_control, "acceptance_doubt", lambda acc: 0.0)),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
 OFF = (EngineConfig(width_cap=0, prompt_cache_bytes=0), Switches(control=False))  # the lane's own K per round (its acceptance, the probe's costs)

@@ -333,6 +333,27 @@ def test_a_lone_requests_try_is_kept_on_its_predicted_gain_once_paired(monkeypat
     assert (c.k == 1) is point and ("within noise" in c.reason) is not point, c.reason
 
 
+@pytest.mark.parametrize("own, soon", [((2.0, 14.0), True), ((0.0, 60.0), False)])
+def test_a_lone_request_sent_plain_near_even_tries_again_soon(own, soon):
+    """Width 1 paired (K=1 rounds 1.2x a plain one's, 1.5 tokens a round pooled), plain in force for
+    a request whose own drafts agreed 2 times in 16 (K=1 predicted 0.94x): within its acceptance's
+    standard error of plain (width_control.acceptance_doubt), so it tries again after EXPLORE_SOON
+    plain rounds, not the back-off's EXPLORE_FIRST. One that agreed 0 times in 60 (0.83x) waits."""
+    ctl = fresh()
+    for i in range(16):
+        ctl.observe(1, 1, 0.012, [(1, i % 2)])
+        feed(ctl, 1, 0, 0.010, accepted=0)
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice, wc.plain_run = 0, 4 * MIN_EVIDENCE, 0
+    acc, ks = Acceptance(*own, 10), []
+    for _ in range(EXPLORE_SOON + 1):
+        c = ctl.choose(1, 1, acc)
+        ks.append(c.k)
+        feed(ctl, 1, c.k, 0.012 if c.k else 0.010, accepted=0)
+    assert ks[:EXPLORE_SOON] == [0] * EXPLORE_SOON and (ks[-1] == 1) is soon, ks
+    assert EXPLORE_SOON < EXPLORE_FIRST
+
+
 def test_a_gain_within_the_machines_noise_does_not_leave_plain():
     """The same 1.10x median gain, but the speculative periods swing 8 ms either way (a noisy VM):
     its standard error exceeds its margin over plain, so plain stays, said with the noise."""

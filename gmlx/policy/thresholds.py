@@ -41,6 +41,8 @@ LONE_TRY = True
 # the doubt, a SmolLM2 chat answer (K = 1-2 predicted ~1.05-1.3x, doubt 0.1-1 after 8 rounds of
 # one request) went plain for good after its first 8 rounds, where drafting throughout ran 1.13x
 # (128 tokens). Before a pair the doubt stays: the load probe's forward-only ratio errs low.
+# What is uncertain then is the request's own acceptance: sent plain at a gain within Z of its
+# standard error of 1 (width_control.acceptance_doubt), it tries again after EXPLORE_SOON rounds.
 LONE_POINT = True
 # A k round's cost relative to a plain one is at least 1: its verify reads every weight a plain
 # step reads (and the drafter's besides). A measured ratio below it is the machine's noise (traced
