@@ -11,7 +11,7 @@ import pytest
 from engine_helpers import P, check_solo, drive
 from numerics import assert_close
 from test_control import forced, on
-from gmlx.decode import scalar
+from gmlx.decode import plain, scalar
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import prefill_row
 from gmlx.drafters.base import DraftPick
@@ -36,14 +36,17 @@ def _lone(lm, prompt, params, monkeypatch, rearm: bool):
     (after PLAIN_CHECK_AFTER rounds, then every 4: FAR and REFRESH_FIRST patched, so the windows
     come soon) pair the two kinds of round; the loss measured, it decodes plain, and its
     exploration asks for drafts again after 8 plain rounds (EXPLORE_FIRST, EXPLORE_SOON patched). `rearm` False: REARM_MIN out
-    of reach (the window runs at the request's tail, its drafter dropped). Returns the drafts of its
+    of reach (the window runs at the request's tail, its drafter dropped); "capped": plain.KEEP_MAX
+    under every plain stretch (the drafter is dropped there). Returns the drafts of its
     rounds from the first plain one on; its stream checked against its solo plain decode."""
     forced(monkeypatch, 6.0)
     monkeypatch.setattr(width_control, "FAR", 100.0)
     monkeypatch.setattr(width_control, "REFRESH_FIRST", 4)
     monkeypatch.setattr(width_control, "EXPLORE_FIRST", 8)
     monkeypatch.setattr(width_control, "EXPLORE_SOON", 8)
-    if not rearm:
+    if rearm == "capped":  # fewer plain steps kept than any plain stretch here: the drafter goes
+        monkeypatch.setattr(plain, "KEEP_MAX", 3)
+    elif not rearm:
         monkeypatch.setattr(scalar, "REARM_MIN", 10 ** 6)
     eng = on(lm)
     run = drive(eng, {0: [("a", prompt, params)]})
@@ -55,11 +58,11 @@ def _lone(lm, prompt, params, monkeypatch, rearm: bool):
 
 
 @pytest.mark.parametrize("params", [P(96), P(96, seed=9, t=0.8)], ids=["greedy", "seeded"])
-@pytest.mark.parametrize("rearm", [True, False])
+@pytest.mark.parametrize("rearm", [True, False, "capped"])
 def test_a_lone_request_sent_plain_drafts_again_only_when_it_may_rearm(lm, prompts, clean, monkeypatch, params,
                                                                       rearm):
     after = _lone(lm, prompts[5], params, monkeypatch, rearm)
-    assert (sum(after) > 0) is rearm, after
+    assert (sum(after) > 0) is (rearm is True), after
     if rearm:  # each exploration drafts a few rounds and, the loss confirmed, goes plain again
         assert after.count(0) > len(after) // 2, after
 
@@ -83,10 +86,10 @@ def test_plain_steps_keep_the_hidden_states_a_verify_would_give(lm, prompts):
     row = make_row(lm, prompts[2], P(n))
     pre = prefill_row(lm.target, row, 512, want_hidden=False)
     rs = RowSampling.from_params([row.params], [row.seed])
-    plain = PlainDecoder(lm.target, pre.cache, rs, row.prompt[-1], row.next_position, lambda: n, keep_hidden=True)
-    out = [plain.round(0).tokens[0] for _ in range(n - 1)]
-    out.append(plain.round(0, successor=False).tokens[0])
-    hidden, tokens = plain.kept()
+    dec = PlainDecoder(lm.target, pre.cache, rs, row.prompt[-1], row.next_position, lambda: n, keep_hidden=True)
+    out = [dec.round(0).tokens[0] for _ in range(n - 1)]
+    out.append(dec.round(0, successor=False).tokens[0])
+    hidden, tokens = dec.kept()
     assert np.array(tokens)[0].tolist() == out  # sync: test read
     seq = list(row.prompt) + out
     _, full = lm.target(mx.array([seq[:-1]], dtype=mx.int32), lm.target.make_cache())
@@ -102,10 +105,10 @@ def test_one_commit_of_the_plain_steps_drafts_as_one_commit_per_step(lm, prompts
     n, row = 7, make_row(lm, prompts[3], P(8))
     pre = prefill_row(lm.target, row, 512, want_hidden=drafter.needs_hidden)
     rs = RowSampling.from_params([row.params], [row.seed])
-    plain = PlainDecoder(lm.target, pre.cache, rs, row.prompt[-1], row.next_position, lambda: n, keep_hidden=True)
+    dec = PlainDecoder(lm.target, pre.cache, rs, row.prompt[-1], row.next_position, lambda: n, keep_hidden=True)
     for i in range(n):
-        plain.round(0, successor=i < n - 1)
-    hidden, tokens = plain.kept()
+        dec.round(0, successor=i < n - 1)
+    hidden, tokens = dec.kept()
     pick = DraftPick(None, np.array([row.next_position + n]))
     drafts = []
     for one_by_one in (False, True):

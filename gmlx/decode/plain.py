@@ -17,6 +17,12 @@ from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
+# The most plain steps whose hidden states are kept for a re-arm (a SmolLM2 EAGLE-3 head's are
+# 7 KB a step): past it the request decodes plain to its end, as the control's back-off would
+# rarely try it again by then (EXPLORE_SOON 16, EXPLORE_FIRST 64 plain rounds).
+KEEP_MAX = 512
+
+
 class PlainDecoder:
     def __init__(self, target: Target, cache: list, rs: RowSampling, bonus: int, position: int, remaining,
                  row=None, pending: list[int] = (), keep_hidden: bool = False):
@@ -68,6 +74,8 @@ class PlainDecoder:
         self.pos += 1
         if self.keep is not None:
             self.keep.append((cur_hidden, mx.maximum(cur, 0)))  # a FAULT ends the row: never embedded
+            if len(self.keep) >= KEEP_MAX:  # bounded memory: no re-arm after this many plain steps
+                self.keep = None
         res = RoundResult(tokens=[tok], drafted=0, accepted=0)
         attach([res], cur_lps, self.rs)
         return res

@@ -149,6 +149,8 @@ class ScalarLane:
     def _rearms(self, seq: ScalarSeq) -> bool:
         """Before a plain round of a request that kept its drafter: whether the control asks for
         drafts again (the choice is then the next round's)."""
+        if self.plain.keep is None:  # past plain.KEEP_MAX steps: the drafter's state goes
+            seq.draft = None
         if not self._may_rearm(seq, seq.row.remaining):
             return False
         choice = self.control.choose(1, seq.max_k, seq.acceptance)
