@@ -24,7 +24,8 @@ Variants (`--variants`):
   width_control.LONE_POINT); or it re-arms but the doubt is kept (sure).
 - nosoon: a lone request sent plain at a gain near 1 (within its acceptance's standard error)
   waits out the exploration's back-off instead of trying again after EXPLORE_SOON rounds.
-- keepmargin: a lone request's try kept only at MARGIN (1.05) predicted, not LONE_KEEP (STAY's 1.03).
+- (keepmargin, at 04c011a: a lone request's try kept at STAY once paired, not MARGIN; reverted:
+  code -2 %, chat +0 %, 20261205T002446Z.)
 - off: the default drafter with the control off (the scalar lane's own rule: K per round from
   the request's acceptance and the load probe's costs).
 (A batch width's acceptance-shift reset — the pooled figures reset when its last 16 row-rounds'
@@ -93,7 +94,6 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "off": ("the default drafter, control off", contextlib.nullcontext),
     # a lone request sent plain at a gain near 1 waits out the back-off (64 plain rounds, doubling)
     # instead of exploring after EXPLORE_SOON (width_control.acceptance_doubt)
-    "keepmargin": ("lone try kept at MARGIN", lambda: patch.object(width_control, "LONE_KEEP", width_control.MARGIN)),
     "nosoon": ("no soon re-try", lambda: patch.object(width_control, "acceptance_doubt", lambda acc: 0.0)),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))

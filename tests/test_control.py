@@ -333,23 +333,6 @@ def test_a_lone_requests_try_is_kept_on_its_predicted_gain_once_paired(monkeypat
     assert (c.k == 1) is point and ("within noise" in c.reason) is not point, c.reason
 
 
-@pytest.mark.parametrize("keep_at_stay", [True, False])
-def test_a_lone_requests_try_is_kept_at_stay_not_margin(monkeypatch, keep_at_stay):
-    """The same paired width 1; a try at acceptance 0.26 is predicted 1.04x: between STAY and
-    MARGIN. LONE_KEEP (STAY) keeps it, as any speculating choice is kept; at MARGIN it goes plain."""
-    if not keep_at_stay:
-        monkeypatch.setattr(width_control, "LONE_KEEP", width_control.MARGIN)
-    ctl = fresh()
-    for i in range(16):
-        ctl.observe(1, 1, (0.0095, 0.0155)[i % 2], [(1, i % 2)])
-        feed(ctl, 1, 0, 0.010, accepted=0)
-    wc = ctl.at(1)
-    wc.current, wc.rounds_in_choice, wc.tentative = 1, MIN_EVIDENCE, True
-    c = ctl.choose(1, 1, Acceptance(0.26 * 20, 0.74 * 20, 10))
-    assert width_control.STAY <= c.best_spec[1] < width_control.MARGIN, c.best_spec
-    assert (c.k == 1) is keep_at_stay, c.reason
-
-
 @pytest.mark.parametrize("own, soon", [((2.0, 14.0), True), ((0.0, 60.0), False)])
 def test_a_lone_request_sent_plain_near_even_tries_again_soon(own, soon):
     """Width 1 paired (K=1 rounds 1.2x a plain one's, 1.5 tokens a round pooled), plain in force for

@@ -2,9 +2,6 @@
 plain rounds beside speculative ones, and what figure it never trusts (the arithmetic that uses
 them: gmlx/policy/width_control.py; the whole rule: gmlx/policy/control.py)."""
 
-from gmlx.policy.figures import STAY
-
-
 TRY_FIRST = 0.9  # before any measurement, speculation is tried unless predicted below this
 TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best is measured
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
@@ -47,11 +44,6 @@ LONE_TRY = True
 # What is uncertain then is the request's own acceptance: sent plain at a gain within Z of its
 # standard error of 1 (width_control.acceptance_doubt), it tries again after EXPLORE_SOON rounds.
 LONE_POINT = True
-# ... and its try (a re-arm, a new request's first rounds) is kept at this predicted gain, as any
-# speculating choice is (STAY), not at MARGIN: its acceptance estimate (DECAY ~33 rounds) still
-# holds the rounds that sent it plain, so a chat answer whose drafts had come to agree ~0.3 of the
-# time was predicted ~1.04x on its try and sent plain again, drafting ~6 rounds in every ~22.
-LONE_KEEP = STAY
 # A k round's cost relative to a plain one is at least 1: its verify reads every weight a plain
 # step reads (and the drafter's besides). A measured ratio below it is the machine's noise (traced
 # under load: a SmolLM2 K=3 round "0.64x a plain one's, paired", and a chat request accepting 13 %

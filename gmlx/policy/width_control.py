@@ -13,7 +13,7 @@ from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import (MARGIN, MIN_SAMPLES, PAIR_SPAN, STAY, Z, Acceptance, Pairs, Times, gain_doubt,
                                  surely_pays)
-from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_KEEP, LONE_POINT, LONE_TRY,
+from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_POINT, LONE_TRY,
                                     MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                     REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
 
@@ -162,8 +162,8 @@ class WidthControl:
             if (cur == 0) != (best == 0) and not settled:
                 best = cur
             elif (cur == 0 and best and not sure) or (cur and best and settled and (
-                    gains[best] < STAY or (self.tentative and not sure and not (point and gains[best] >= LONE_KEEP)))):
-                best = 0  # a try (first, or exploring) stays only if its measured gain is sure (LONE_KEEP)
+                    gains[best] < STAY or (self.tentative and not sure))):
+                best = 0  # a try (first, or exploring) stays only if its measured gain is sure
             elif cur and best and settled:
                 if self.tentative:  # a try confirmed: speculation won again, the back-off starts over
                     self.explore_after = EXPLORE_FIRST
