@@ -67,6 +67,15 @@ def test_a_lone_request_sent_plain_drafts_again_only_when_it_may_rearm(lm, promp
         assert after.count(0) > len(after) // 2, after
 
 
+@pytest.mark.parametrize("cap", range(5, 11))
+def test_a_lone_request_whose_kept_steps_reach_the_cap_as_it_re_arms_decodes_on(lm, prompts, clean, monkeypatch, cap):
+    """plain.KEEP_MAX reached in the very plain round the control asks for drafts again (here at
+    some cap from 5 to 10: the window's rounds, then the first re-arm): the request does not
+    re-arm, drops its drafter, and its stream still equals its solo plain decode."""
+    monkeypatch.setattr(plain, "KEEP_MAX", cap)
+    _lone(lm, prompts[5], P(96), monkeypatch, True)
+
+
 @pytest.mark.parametrize("rearm", [True, False])
 def test_smollm2_a_lone_request_sent_plain_drafts_again_only_when_it_may_rearm(smollm2, monkeypatch, rearm):
     """The same on the real model with its shipped EAGLE-3 head (greedy)."""

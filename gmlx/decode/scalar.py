@@ -190,7 +190,8 @@ class ScalarLane:
             self.last_k = 0
             rearm = not last and self._rearms(seq)
             res = self.plain.round(seq.bonus, successor=not last and not rearm)
-            if rearm and seq.row.remaining > len(res.tokens) and not seq.row.stops_at(res.tokens):
+            # (its kept steps may have reached plain.KEEP_MAX in this very round: no re-arm then)
+            if rearm and self.plain.keep and seq.row.remaining > len(res.tokens) and not seq.row.stops_at(res.tokens):
                 self._rearm(seq, res.tokens)
             return res
         flight = self.flight or self._dispatch(seq, seq.bonus, seq.row.next_position, seq.row.remaining)
