@@ -47,7 +47,8 @@ window run the K in force before it (Pairs keys its samples by K). The lone requ
 window mid-request and re-arms after it (its drafter kept, its plain steps' hidden states handed
 to it: gmlx/decode/scalar.py), or at its tail when too few tokens remain. A lone request is
 decided on its predicted gain alone once its width is paired (LONE_POINT): sent plain, it keeps
-its drafter and the control's exploration re-arms it. Plain round times are shared by every engine on the same target in the process (a plain
+its drafter and the control's exploration re-arms it, after EXPLORE_SOON plain rounds where the
+gain is within its own acceptance's standard error of plain (width_control.acceptance_doubt). Plain round times are shared by every engine on the same target in the process (a plain
 baseline's rounds teach the speculative engine), speculative ones per (target, drafter kind).
 
 A batch is charged for draining (gmlx/policy/drain.py): rows whose budgets end together finish
