@@ -30,15 +30,16 @@ def clean(lm):
     control.forget(lm.target)
 
 
-def _lone(lm, prompt, params, monkeypatch, rearm: bool):
+def _lone(lm, prompt, params, monkeypatch, rearm: bool | str):
     """One lone request whose drafts lose (a round of drafts timed at 6 plain ones), the control
     unpinned: nothing paired, it drafts on the load probe's costs until the control's plain windows
     (after PLAIN_CHECK_AFTER rounds, then every 4: FAR and REFRESH_FIRST patched, so the windows
     come soon) pair the two kinds of round; the loss measured, it decodes plain, and its
-    exploration asks for drafts again after 8 plain rounds (EXPLORE_FIRST, EXPLORE_SOON patched). `rearm` False: REARM_MIN out
-    of reach (the window runs at the request's tail, its drafter dropped); "capped": plain.KEEP_MAX
-    under every plain stretch (the drafter is dropped there). Returns the drafts of its
-    rounds from the first plain one on; its stream checked against its solo plain decode."""
+    exploration asks for drafts again after 8 plain rounds (EXPLORE_FIRST, EXPLORE_SOON patched).
+    `rearm` False: REARM_MIN out of reach (the window runs at the request's tail, its drafter
+    dropped); "capped": plain.KEEP_MAX under every plain stretch (the drafter is dropped there).
+    Returns the drafts of its rounds from the first plain one on; its stream checked against its
+    solo plain decode."""
     forced(monkeypatch, 6.0)
     monkeypatch.setattr(width_control, "FAR", 100.0)
     monkeypatch.setattr(width_control, "REFRESH_FIRST", 4)
