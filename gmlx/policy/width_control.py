@@ -192,7 +192,7 @@ class WidthControl:
         elif best > 0 and best == argmax and gains[best] > 1.0:
             best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, pooled, lone,
                                                                           drains))
-        if best and self.window_k in gains and self.window_k and (self.plain_window or self.after_window):
+        if best and 0 < self.window_k <= max_k and (self.plain_window or self.after_window):
             best = self.window_k  # (within this caller's ceiling: a new request may have a lower one)
         if cur is None or (best == 0) != (cur == 0):
             self.rounds_in_choice, self.tentative = 0, best > 0 and (cur is None or self.exploring or trying)
