@@ -56,8 +56,9 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 from gmlx import EngineConfig
 from gmlx.config import Switches
 from gmlx.engine.cap_watch import CapWatch
+from gmlx.engine.speculation import Speculation
 from gmlx.machine import describe
-from gmlx.decode import scalar
+from gmlx.decode import scalar, shadow
 from gmlx.policy import control, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
@@ -73,6 +74,7 @@ def _both(a, b):
 VARIANTS = {  # name: (what it is, the patch it runs under)
     "light": ("prior worth 8 rounds", lambda: patch.object(control, "LONE_PRIOR_ROUNDS", control.LONE_PRIOR_ROUNDS)),
     "heavy": ("prior at the pool's weight", lambda: patch.object(control, "LONE_PRIOR_ROUNDS", None)),
+    "prior4": ("prior worth 4 rounds", lambda: patch.object(control, "LONE_PRIOR_ROUNDS", 4.0)),
     # K's other than the best are measured again once stale (RETRY_AFTER speculative rounds) when
     # their hope could win (TRY_WITHIN of the best): never, here (the first measurement stands)
     "noretry": ("stale K's not measured again", lambda: patch.object(width_control, "RETRY_AFTER", 10 ** 9)),
@@ -95,6 +97,19 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     # a lone request sent plain at a gain near 1 waits out the back-off (64 plain rounds, doubling)
     # instead of exploring after EXPLORE_SOON (width_control.acceptance_doubt)
     "nosoon": ("no soon re-try", lambda: patch.object(width_control, "acceptance_doubt", lambda acc: 0.0)),
+    # a lone request sent plain keeps no shadow rounds: its acceptance is the one it had when it
+    # went plain (gmlx before gmlx/decode/shadow.py)
+    "noshadow": ("no shadow rounds", lambda: patch.object(shadow, "SHADOW_EVERY", 10 ** 9)),
+    # a lone request's round that switches kind (goes plain, re-arms, changes K) timed like any other
+    # (gmlx before ScalarLane.switched): its period holds both kinds' dispatch work
+    "switchtimed": ("switching rounds timed", lambda: patch.object(
+        Speculation, "observe", lambda self, *a, observe=Speculation.observe, **kw:
+        observe(self, *a[:6], **{**kw, "scalar_switched": False}))),
+    # a lone request's tokens per round at k: the width's measured ones scaled by its acceptance over
+    # the pool's (gmlx before 2026-12-05), not its own acceptance's model alone
+    "scaled": ("pooled tokens per round scaled", lambda: patch.object(
+        width_control.WidthControl, "_seen", lambda self, k, acc, lone, seen=width_control.WidthControl._seen:
+        (seen(self, k, acc, False) * acc.emitted(k) / self.acceptance.emitted(k)) if lone else seen(self, k, acc, lone))),
 }
 K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
 OFF = (EngineConfig(width_cap=0, prompt_cache_bytes=0), Switches(control=False))  # the lane's own K per round (its acceptance, the probe's costs)

@@ -254,11 +254,14 @@ def _lone_request(ctl: Controller, max_k: int, accepts, rounds: int, period) -> 
 def test_a_lone_request_unlike_the_pool_goes_plain_on_its_own_rounds():
     """A request that accepts nothing after requests that accepted well (a chat answer after code
     ones) starts from the pool's rates worth LONE_PRIOR_ROUNDS rounds, so its own rounds decide:
-    plain by round 13 (at the pool's full weight, ~33 rounds at DECAY, it drafted until round 21,
-    most of a 48-token answer). One that accepts like the pool never stops, nor one whose first
-    MIN_ROUNDS_TO_STOP rounds accept nothing (a code answer's prose before its code)."""
-    assert _lone_request_after_a_pool(lambda r: 0) <= 13
-    assert _lone_request_after_a_pool(lambda r: 1 if r % 4 == 0 else 0) <= 21
+    plain by round 25 (its prior's 8 rounds at 0.75 decay behind its own; until 2026-12-05 its
+    rounds were also counted in the width's tokens per round that its acceptance then scaled,
+    which sent it plain by 13 but also sent plain one whose K = 1 paid — the next case). One that
+    accepts a quarter of its drafts at K = 1 (1.25 tokens in 1.13 plain steps: 1.10x) drafts on,
+    as does one that accepts like the pool, and one whose first MIN_ROUNDS_TO_STOP rounds accept
+    nothing (a code answer's prose before its code)."""
+    assert 13 <= _lone_request_after_a_pool(lambda r: 0) <= 25
+    assert _lone_request_after_a_pool(lambda r: 1 if r % 4 == 0 else 0) is None
     assert _lone_request_after_a_pool(lambda r: (1, 1, 2, 0)[r % 4]) is None
     assert _lone_request_after_a_pool(lambda r: 0 if r <= 8 else (1, 1, 2, 0)[r % 4]) is None
 
@@ -298,8 +301,8 @@ def test_a_new_lone_request_tries_k1_unless_the_pool_predicts_a_clear_loss(monke
 @pytest.mark.parametrize("own, speculates", [(0.1, False), (0.5, True)])
 def test_a_lone_request_is_decided_on_its_own_acceptance(own, speculates):
     """Width 1: K=1 rounds pooled over requests emit 1.5 tokens (alpha 0.5) in 12.5 ms against
-    10 ms plain: 1.2x. A request that accepts 10 % of its drafts is predicted 1.1 * 10 / 12.5 =
-    0.88x (the pooled figure scaled by E(0.1) / E(0.5)) and goes plain; one at 0.5 keeps K=1."""
+    10 ms plain: 1.2x. A request that accepts 10 % of its drafts is predicted E(0.1) * 10 / 12.5 =
+    0.88x (its own tokens per round, not the pool's) and goes plain; one at 0.5 keeps K=1."""
     ctl = fresh()
     for i in range(16):  # plain rounds between: the two costs paired
         ctl.observe(1, 1, 0.0125, [(1, i % 2)])
@@ -309,9 +312,8 @@ def test_a_lone_request_is_decided_on_its_own_acceptance(own, speculates):
     assert pool == pytest.approx(0.5, abs=0.05)
     c = ctl.choose(1, 1, Acceptance(own * 20, (1 - own) * 20))
     assert (c.k == 1) is speculates, c
-    pooled_e = wc.acceptance.emitted(1)  # E at the pool's acceptance (its first position: 0.5)
-    assert pooled_e == pytest.approx(1 + pool, abs=0.05)
-    assert c.best_spec[1] == pytest.approx(1.5 * (1 + own) / pooled_e * 10 / 12.5, rel=1e-6)
+    assert wc.spec.tokens_per_round(1) == pytest.approx(1.5)  # the pool's, not used for the lone request
+    assert c.best_spec[1] == pytest.approx((1 + own) * 10 / 12.5, rel=1e-6)
 
 
 @pytest.mark.parametrize("point", [True, False])

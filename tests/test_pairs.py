@@ -122,7 +122,7 @@ def test_a_lone_request_with_nothing_paired_uses_the_load_probe():
     for i in range(PLAIN_CHECK_AFTER - 1):  # (before the first plain window)
         ctl.observe(1, 1, 0.100, [(1, i % 2)])
     wc = ctl.at(1)
-    seen = wc.spec.tokens_per_round(1) * emitted(0.5, 1) / wc.acceptance.emitted(1)  # its own acceptance
+    seen = emitted(0.5, 1)  # its own acceptance's tokens per round (not the width's rounds)
     c = ctl.choose(1, 1, Acceptance(10, 10))
     assert c.probe and "load probe" in c.reason and "ms" not in c.reason, c.reason
     assert c.best_spec[1] == pytest.approx(seen / COSTS.round_cost(1), rel=1e-6)  # not 0.05 / 0.100

@@ -36,6 +36,7 @@ class PlainDecoder:
         self.pos = position
         self.remaining = remaining
         self.keep: list | None = [] if keep_hidden else None  # (hidden [1, 1, D], token [1, 1]) per step emitted
+        self.steps_kept = 0  # steps kept in all (those handed over by `kept` leave `keep`)
         self.next, self.next_lps, self.next_hidden = self._step(mx.array([[bonus]], dtype=mx.int32), self.pos,
                                                                 pending=pending)
         _dispatch(self.next, self.next_lps, self.next_hidden)
@@ -74,7 +75,8 @@ class PlainDecoder:
         self.pos += 1
         if self.keep is not None:
             self.keep.append((cur_hidden, mx.maximum(cur, 0)))  # a FAULT ends the row: never embedded
-            if len(self.keep) >= KEEP_MAX:  # bounded memory: no re-arm after this many plain steps
+            self.steps_kept += 1
+            if self.steps_kept >= KEEP_MAX:  # bounded memory: no re-arm after this many plain steps
                 self.keep = None
         res = RoundResult(tokens=[tok], drafted=0, accepted=0)
         attach([res], cur_lps, self.rs)
@@ -82,8 +84,10 @@ class PlainDecoder:
 
     def kept(self) -> tuple[mx.array, mx.array]:
         """The emitted steps' hidden states [1, n, D] and tokens [1, n] (n >= 1), in order: step i
-        read token x_i and sampled x_{i+1}, as a verify's position does (gmlx/drafters/base.py)."""
+        read token x_i and sampled x_{i+1}, as a verify's position does (gmlx/drafters/base.py).
+        Handed over: the next call returns the steps emitted after this one (KEEP_MAX counts all)."""
         hidden, tokens = zip(*self.keep)
+        self.keep = []
         return mx.concatenate(hidden, axis=1), mx.concatenate(tokens, axis=1)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import Prefilled, prefill_row
 from gmlx.decode.scalar_seq import Flight, ScalarSeq
+from gmlx.decode.shadow import Shadow
 from gmlx.decode.verify import verified
 from gmlx.row import RoundResult
 from gmlx.drafters.base import DraftPick, Drafter
@@ -39,23 +40,16 @@ from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
-# Tokens left when a lone request runs the control's plain window at its tail (it cannot re-arm
-# after it): the rounds the window owes (5 the first time, 3 for a refresh), all timed, plus the
-# switch's round, which is not.
+# Tokens left when a lone request runs the control's plain window at its tail (it cannot re-arm after
+# it): the window's rounds (5 the first time, 3 for a refresh), all timed, and the switch's, not.
 WINDOW_TAIL_EXTRA = 1
 # A lone request the control sends plain (or into a plain window) with more than this many tokens
-# left keeps its drafter: its plain steps keep their hidden states (PlainDecoder `keep_hidden`),
-# the control is asked every plain round, and when it asks for drafts again (its exploration, a
-# window's end) the drafter takes those steps as pending entries, as it takes a prompt, and drafts
-# on with its whole context. Without it a chat answer on SmolLM2, whose drafts agree 0.12 of the
-# time over its first 8 rounds and ~0.3 after, was decided plain on its first rounds for good.
+# left keeps its drafter: its plain steps keep their hidden states (PlainDecoder `keep_hidden`;
+# a drafter that replays them measures its acceptance meanwhile: gmlx/decode/shadow.py), the
+# control is asked every plain round, and when it asks for drafts again the drafter takes those
+# steps as pending entries, as it takes a prompt (docs/speculation.md: without it a SmolLM2 chat
+# answer, 0.12 of drafts agreeing over its first rounds and ~0.3 after, went plain for good).
 REARM_MIN = 16
-
-
-def _speculates(choice) -> bool:
-    """The control's choice for a new lone request: speculate (a plain window's overlay keeps the
-    K in force; its plain rounds run mid-request, or at the request's tail)."""
-    return choice.k > 0 or choice.window
 
 
 class ScalarLane:
@@ -73,11 +67,15 @@ class ScalarLane:
         self.seq: ScalarSeq | None = None
         self.plain: PlainDecoder | None = None
         self.flight: Flight | None = None  # the speculative round dispatched and not yet read
+        self.shadow: Shadow | None = None  # a kept drafter's replays of the plain steps (gmlx/decode/shadow.py)
         self.costs: Costs | None = None  # calibrated costs (the engine sets them) or measured at first use
         # The online control (gmlx/policy/control.py; the engine sets it): K per round and plain
         # vs speculative from measured round times at width 1. None: the cost model alone decides.
         self.control = None
         self.last_k: int | None = None  # drafts asked of the round last read (0: plain), for the control
+        # ... and whether it dispatched a successor of another k (the control does not time it:
+        # docs/speculation.md, "Switching rounds are not timed")
+        self.switched = False
 
     @property
     def row(self) -> Row | None:
@@ -104,11 +102,11 @@ class ScalarLane:
         if not self.may_go_plain:
             return max_k
         if self.control is not None:  # from what earlier lone requests measured (or the cost model)
-            if _speculates(self.control.choose(1, max_k, self.control.pooled(1))):
+            if self.control.choose(1, max_k, self.control.pooled(1)).speculates:
                 return max_k
             if not self.control.at(1).times(1, self.round_costs())[2] and self.costs.source.startswith("measured"):
                 self.control.costs = self.costs = reconfirmed(self.target, self.drafter, max(self.k, 1))
-            return max_k if _speculates(self.control.choose(1, max_k, self.control.pooled(1))) else 0
+            return max_k if self.control.choose(1, max_k, self.control.pooled(1)).speculates else 0
         if AcceptanceEstimate().best_k(max_k, self.round_costs()) > 0:
             return max_k
         if self.costs.source.startswith("measured"):  # not figures someone set: measure once more
@@ -138,6 +136,7 @@ class ScalarLane:
         state is dropped, or (`keep`) kept for a re-arm (REARM_MIN)."""
         if not keep:
             seq.draft, seq.max_k = None, 0
+        self.shadow = Shadow(position) if keep and self.drafter.replays else None
         self.plain = PlainDecoder(self.target, seq.cache, seq.rs, bonus, position, lambda: seq.row.remaining,
                                   row=seq.row, pending=pending, keep_hidden=keep)
 
@@ -153,8 +152,12 @@ class ScalarLane:
             seq.draft = None
         if not self._may_rearm(seq, seq.row.remaining):
             return False
+        if self.shadow is not None:  # what its drafts would have accepted lately
+            self.shadow.read(seq.row, seq.acceptance)
         choice = self.control.choose(1, seq.max_k, seq.acceptance)
         seq.choice = choice if choice.k > 0 else seq.choice
+        if choice.k == 0 and self.shadow is not None and self.shadow.due(self.plain):
+            self.shadow.dispatch(self.drafter, seq.draft, self.plain, seq.rs)
         return choice.k > 0
 
     def _rearm(self, seq: ScalarSeq, pending: list[int]) -> None:
@@ -162,7 +165,7 @@ class ScalarLane:
         drafter base's contract) and dispatch a speculative round from the last one's token."""
         hidden, tokens = self.plain.kept()
         self.drafter.commit(seq.draft, 0, np.array([tokens.shape[1] - 1]), hidden, tokens)
-        position, self.plain = self.plain.pos, None
+        position, self.plain, self.shadow = self.plain.pos, None, None
         self.flight = self._dispatch(seq, max(pending[-1], 0), position, seq.row.remaining - len(pending), pending)
 
     def _stops_paying(self, seq: ScalarSeq, remaining: int) -> bool:
@@ -185,7 +188,12 @@ class ScalarLane:
         request cannot go on, dispatch the next one before returning: the caller's emission,
         detokenizing and delivery then run while the device computes that round."""
         trace.mark("admission")
-        seq = self.seq
+        res = self._round(self.seq, last)
+        following = self.flight.asked if self.flight is not None else 0 if self.in_flight else None
+        self.switched = following is not None and following != self.last_k
+        return res
+
+    def _round(self, seq: ScalarSeq, last: bool) -> RoundResult:
         if self.plain is not None:
             self.last_k = 0
             rearm = not last and self._rearms(seq)
@@ -212,7 +220,7 @@ class ScalarLane:
         (the round in flight was consumed first), so it restarts there from its bonus, unarmed."""
         assert not self.in_flight, "evict with a round in flight"
         seq = self.seq
-        self.seq = self.plain = None
+        self.seq = self.plain = self.shadow = None
         return [seq.row], lift_caches([seq.cache]), [Prefilled.nothing()]
 
     def retire(self) -> tuple[Row, list]:
@@ -227,7 +235,7 @@ class ScalarLane:
         return seq.row, seq.cache
 
     def clear(self) -> None:
-        self.seq = self.plain = self.flight = None
+        self.seq = self.plain = self.flight = self.shadow = None
 
     def round_k(self, seq: ScalarSeq, remaining: int) -> int:
         """Drafts this round: the best k >= 1 for the request's acceptance so far (when

@@ -26,7 +26,10 @@ adaptive draft length), `drafts_replaceable` (its `commit` reads only the accept
 the verify's tokens and hidden states, never its own draft values, and a round it did not draft
 for is a `commit` with k = 0: so another source, a request's predicted output, may supply some
 rows' drafts; gmlx/drafters/prediction.py), `rearms(st)` (a lone request that went plain may keep
-its state and re-arm from its plain steps' hidden states: a `commit` with k = 0 of several).
+its state and re-arm from its plain steps' hidden states: a `commit` with k = 0 of several),
+`replays` / `replay(st, rs, last_position)` (one row: the first draft each pending entry would have proposed,
+its pending entries then consumed as a `draft` consumes them; None where the drafter cannot say:
+the lane then measures the request's acceptance only in the rounds that draft — gmlx/decode/shadow.py).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Drafter(ABC):
     max_width: int | None = None
     step_cost: float = 0.1
     drafts_replaceable: bool = False
+    replays: bool = False  # offers `replay` (the lane's shadow rounds)
 
     @abstractmethod
     def start(self, rows: list, pres: list) -> object: ...
@@ -95,6 +99,13 @@ class Drafter(ABC):
         """Whether a lone request that goes plain may keep this state and re-arm from its plain
         steps (a `commit` with k = 0 of several: see above)."""
         return True
+
+    def replay(self, st: object, rs: RowSampling, last_position: int) -> mx.array | None:
+        """(one row) [1, P]: the first draft each of the P pending entries would have proposed,
+        coupled with `rs`'s noise as a round's first draft is, the last one's at `last_position`;
+        the entries are consumed (teacher forcing, as `draft` does). None: not offered (or nothing
+        pending), and nothing consumed."""
+        return None
 
 
 def pad_to(x: mx.array, p: int) -> mx.array:

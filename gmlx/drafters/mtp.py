@@ -23,6 +23,7 @@ import numpy as np
 from gmlx.kv import RaggedKVCache
 from gmlx.model_cache import extend_rows, filter_rows, trim_rows
 from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
+from gmlx.sampling import draft_coupled
 
 
 @dataclass(slots=True)
@@ -38,6 +39,7 @@ class MTPDrafter(Drafter):
     needs_hidden = True
     step_cost = 0.08  # MODEL_CARD.md: head step / target step 0.10 at batch 1
     drafts_replaceable = True  # commit: the verified tokens (and hidden states) only
+    replays = True  # the lane's shadow rounds: `replay`
 
     def __init__(self, head, d_model: int):
         self.head = head
@@ -74,14 +76,21 @@ class MTPDrafter(Drafter):
         return st.cache.batch_size
 
 
-    def draft(self, st: MTPRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
-        assert k >= 1 and st.hidden is not None
+    def _absorb(self, st: MTPRows) -> mx.array:
+        """Run the pending entries through the head (teacher forcing: each output is what the
+        head's first draft would be after that entry); the head's cache then holds them."""
+        assert st.hidden is not None
         p = st.hidden.shape[1]
         out = self.head(st.tokens, st.hidden, st.cache)  # [B, P, D]
         trim_rows([st.cache], p - st.lengths)  # drop the right padding's entries
-        g = take_rows_at(out, np.maximum(st.lengths - 1, 0))  # [B, 1, D]
         st.hidden = st.tokens = None
-        st.lengths = np.zeros_like(st.lengths)
+        return out
+
+    def draft(self, st: MTPRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
+        assert k >= 1
+        lengths = st.lengths
+        g = take_rows_at(self._absorb(st), np.maximum(lengths - 1, 0))  # [B, 1, D]
+        st.lengths = np.zeros_like(lengths)
         drafts = [pick(self.head.logits(g), 0)]  # [B, 1]
         for j in range(1, k):
             g = self.head(drafts[-1], g, st.cache)
@@ -95,6 +104,16 @@ class MTPDrafter(Drafter):
         old = st.lengths
         st.hidden, st.lengths = ragged_append(st.hidden, old, hidden[:, :p], accepted + 1)
         st.tokens, _ = ragged_append(st.tokens, old, targets[:, :p], accepted + 1)
+
+    def replay(self, st: MTPRows, rs, last_position: int) -> mx.array | None:
+        """(one row) The first draft each pending entry would have proposed, [1, P]: the last one's
+        at `last_position`, drafted as a round's first draft is (coupled with `rs`'s noise)."""
+        if st.hidden is None or not st.lengths[0]:
+            return None
+        n = int(st.lengths[0])
+        out = self._absorb(st)[:, :n]
+        st.lengths = np.zeros_like(st.lengths)
+        return draft_coupled(self.head.logits(out), rs, np.array([last_position - n + 1]))
 
     def capture(self, rows, hidden: mx.array, targets: mx.array) -> MTPRows:
         b = hidden.shape[0]

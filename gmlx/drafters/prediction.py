@@ -197,6 +197,10 @@ class PredictionDrafter(Drafter):
     def drafts_replaceable(self) -> bool:
         return self.inner is None or self.inner.drafts_replaceable
 
+    @property
+    def replays(self) -> bool:
+        return self.inner is not None and self.inner.replays
+
     # ---- the protocol ------------------------------------------------------------------------
     def _state(self, inner, rows: list[Alignment | None]) -> PredictionRows:
         return PredictionRows(inner, rows, any(a is not None for a in rows))
@@ -262,6 +266,10 @@ class PredictionDrafter(Drafter):
     def rearms(self, st: PredictionRows) -> bool:
         """Not with a prediction (its commit counts accepted prediction tokens: plain steps are none)."""
         return not st.any and self.inner is not None and self.inner.rearms(st.inner)
+
+    def replay(self, st: PredictionRows, rs, last_position: int):
+        """The inner drafter's (a re-armable row: no prediction, `rearms`)."""
+        return None if st.any or self.inner is None else self.inner.replay(st.inner, rs, last_position)
 
     def commit(self, st: PredictionRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
         if self.inner is not None:

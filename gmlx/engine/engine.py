@@ -232,7 +232,7 @@ class Engine:
             return None
         results = self.lanes.run(kind, len(rows))
         now = time.perf_counter()
-        self.spec.observe(kind, len(rows), t0, results, self.scalar.last_k, steady)
+        self.spec.observe(kind, len(rows), t0, results, self.scalar.last_k, steady, self.scalar.switched)
         for width, why in self.spec.switched():
             self.counters.control_switches += 1
             self._emit_event(lambda: Event(EventKind.DECISION, self.mode, width, reason=why))

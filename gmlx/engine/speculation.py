@@ -67,13 +67,14 @@ class Speculation:
         return k
 
     def observe(self, kind: Round, width: int, t0: float, results: list, scalar_k: int | None,
-                steady: bool = True) -> None:
+                steady: bool = True, scalar_switched: bool = False) -> None:
         """Feed a round that started at t0 to the control: its acceptance and tokens now; its time
         when the next round starts (`round_starts`), as the period between the two starts, so the
         figure holds all the engine's work per round (emission, retirement, admission's planning,
         the caller's loop), not the forward alone. A round right after a transition or an
         admission (`steady` False) is not timed: it holds their one-off work (a new request's
-        drafter reads its whole prompt at its first draft: 2-3x a steady round on SmolLM2)."""
+        drafter reads its whole prompt at its first draft: 2-3x a steady round on SmolLM2), nor a
+        scalar round that dispatched a successor of another k (`scalar_switched`: ScalarLane.switched)."""
         self._pending = None
         if kind is Round.NONE or width < 1:
             return
@@ -82,8 +83,9 @@ class Speculation:
         # control must measure (its time and tokens per round); keyed by the drafts got, a K=3
         # choice whose rows drafted one token each was credited K=3's modelled 4 tokens a round.
         drafted = max((r.drafted for r in results), default=0)
+        timed = kind in _TIMED and steady
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
-            k = scalar_k or 0
+            k, timed = scalar_k or 0, timed and not scalar_switched
         else:
             k = self._asked if kind is Round.SPECULATIVE else 0
         if self.control is None:  # a plain engine's rounds still teach the others on this target
@@ -93,7 +95,7 @@ class Speculation:
         if drafted > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
             return  # round): neither its time nor its acceptance says what the model's drafter buys
         self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results], steady and kind in _TIMED)
-        if kind in _TIMED and steady:
+        if timed:
             self._pending = (width, k, t0)
 
     def round_starts(self, t: float, width: int, steady: bool) -> None:

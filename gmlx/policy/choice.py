@@ -26,6 +26,12 @@ class Choice:
     tried: bool = False  # a new lone request's try of K=1 while plain is in force (thresholds.LONE_TRY)
 
     @property
+    def speculates(self) -> bool:
+        """Drafts are in force (a plain window's overlay keeps the K chosen; its plain rounds run
+        mid-request, or at a lone request's tail)."""
+        return self.k > 0 or self.window
+
+    @property
     def reason(self) -> str:
         src = ("measured" if self.measured else f"width {self.from_width}'s round times" if self.from_width
                else "load probe's round costs" if self.probe else "cost model")

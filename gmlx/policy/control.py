@@ -58,9 +58,10 @@ share of rounds that tail leaves (a burst of 8 x 32 tokens at K = 1 keeps ~90 %)
 share of finished rows the engine has seen stay unreplaced (an engine that has seen none charges
 in full; a closed loop or a queue that refills the rows stops being charged).
 
-The lone request (the scalar loop) is decided on its own acceptance: the tokens per round
-measured at width 1, pooled over requests, are scaled by E(its alpha) / E(the pool's alpha), so a
-request that accepts little goes plain while one that accepts much keeps drafting.
+The lone request (the scalar loop) is decided on its own acceptance: its tokens per round at k are
+its own estimate's E(k) (per draft position, started from the pool's rates), so a request that
+accepts little goes plain while one that accepts much keeps drafting; decoding plain, it keeps
+measuring what its drafts would accept (gmlx/decode/shadow.py).
 
 Here: the figures shared per process and the per-engine Controller; one width's decision is
 gmlx/policy/width_control.py. Pure arithmetic over host-side figures: nothing here touches the

@@ -108,13 +108,11 @@ class WidthControl:
         return None, ""
 
     def gain(self, k: int, costs: Costs, acc: Acceptance, nearby: "WidthControl | None" = None,
-             pooled: Acceptance | None = None, lone: bool = False, hope: bool = False) -> tuple[float, bool]:
+             lone: bool = False, hope: bool = False) -> tuple[float, bool]:
         """k's predicted gain over plain at acceptance `acc`, and whether its cost relative to plain
-        is measured here. `pooled`: the width's acceptance when `acc` is one request's own (the
-        lone request): the measured tokens per round, pooled over requests, scale by the tokens
-        expected at its acceptance over those at the pool's — a chat request that accepts little
-        is not credited with a code request's rounds. `hope`: where k's tokens per round are not
-        measured, the most its deeper positions could accept (`Acceptance.emitted`), for a try."""
+        is measured here. `lone`: `acc` is one request's own (the scalar loop's; see `_seen`).
+        `hope`: where k's tokens per round are not measured, the most its deeper positions could
+        accept (`Acceptance.emitted`), for a try."""
         if k == 0:
             return 1.0, True
         r, src = self.ratio(k, costs, lone)
@@ -129,7 +127,7 @@ class WidthControl:
             r = tk / t0 if t0 is not None else None
         if r is None:  # nothing measured anywhere: the cost model alone
             return acc.emitted(k, hope) / costs.round_cost(k), False
-        return (acc.emitted(k, hope) if hope else self._seen(k, acc, pooled)) / max(r, MIN_RATIO), measured
+        return (acc.emitted(k, hope) if hope else self._seen(k, acc, lone)) / max(r, MIN_RATIO), measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
                nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
@@ -143,9 +141,8 @@ class WidthControl:
         ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
         near = ratio if not self.spec_timed() else None  # ... or both
         lone = acceptance is not None  # the scalar loop's request (its own acceptance; the pool's is this width's)
-        pooled = self.acceptance if lone else None
         drains = {k: drain(remaining, alpha, k, drain_share) for k in range(0, max_k + 1)}
-        gains = {k: self.gain(k, costs, acc, ratio, pooled, lone)[0] * drains[k] for k in range(0, max_k + 1)}
+        gains = {k: self.gain(k, costs, acc, ratio, lone)[0] * drains[k] for k in range(0, max_k + 1)}
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
@@ -183,14 +180,14 @@ class WidthControl:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
         elif best == 0 and cur == 0 and best_spec and self.plain_run >= (EXPLORE_SOON if unsure else
                                                                          self.explore_after) and room:
-            hopes = self._hopes(max_k, costs, acc, ratio, pooled, lone, drains)  # an untried K may be the one
+            hopes = self._hopes(max_k, costs, acc, ratio, lone, drains)  # an untried K may be the one
             best = self._retry(max(hopes, key=lambda k: (hopes[k], -k))) if hopes and max(hopes.values()) > \
                 gains[best_spec] else best_spec
             if not unsure:
                 self.explore_after = min(EXPLORE_MAX, self.explore_after * 2)
             self.exploring = True
         elif best > 0 and best == argmax and gains[best] > 1.0:
-            best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, pooled, lone,
+            best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, lone,
                                                                           drains))
         if best and 0 < self.window_k <= max_k and (self.plain_window or self.after_window):
             best = self.window_k  # (within this caller's ceiling: a new request may have a lower one)
@@ -203,7 +200,7 @@ class WidthControl:
         # far: by the choice's own figures and by the medians where both are timed here; with neither
         # pairs nor a plain median (the probe's or the cost model's ratio alone) a window still runs.
         self.far = best > 0 and not self.tentative and gains[best] >= FAR and (
-            self._seen(best, acc, pooled) * t0 / tk >= FAR if measured else bool(self.pairs.paired()))
+            self._seen(best, acc, lone) * t0 / tk >= FAR if measured else bool(self.pairs.paired()))
         if best > 0 and self.plain_window > 0:  # an overlay: the choice in force stays `best` (said in best_spec)
             return Choice(0, 1.0, alpha, t0, None, measured, window=True, best_spec=(best, gains[best]))
         alt = (best_spec, gains[best_spec]) if best_spec else None
@@ -213,21 +210,27 @@ class WidthControl:
                       doubt=doubt, drain=drains[best or best_spec], ratio=r and max(r, MIN_RATIO), probe=src == "probe",
                       tried=trying)
 
-    def _seen(self, k: int, acc: Acceptance, pooled: Acceptance | None) -> float:
-        """k's tokens per row and round: measured here (a lone request's scaled to its own
-        acceptance, see `gain`), else the acceptance's model."""
-        seen = self.spec.tokens_per_round(k)
-        if seen is None:
+    def _seen(self, k: int, acc: Acceptance, lone: bool) -> float:
+        """k's tokens per row and round: measured here (the width's last rounds at k), else the
+        acceptance's model. The lone request's: its own acceptance's model (per draft position,
+        its prior the pool's rates: figures.Acceptance.emitted). The width's rounds at width 1
+        are mostly the same request's lately, so scaling them by its acceptance over the pool's
+        (gmlx before 2026-12-05) counted its streak twice: a chat request after code ones (its
+        0.28 against the pool's ~0.4) was predicted 0.95-1.0x at K = 1 and went plain where K = 1
+        ran 1.10x, and a code request's good streak sent it to K = 2-3 predicted 1.3-1.7x that
+        ran 1.06-1.31x (traced per K: docs/speculation.md)."""
+        if lone:
             return acc.emitted(k)
-        return seen * acc.emitted(k) / pooled.emitted(k) if pooled is not None else seen
+        seen = self.spec.tokens_per_round(k)
+        return acc.emitted(k) if seen is None else seen
 
-    def _hopes(self, max_k: int, costs: Costs, acc: Acceptance, nearby, pooled, lone: bool,
+    def _hopes(self, max_k: int, costs: Costs, acc: Acceptance, nearby, lone: bool,
                drains: dict[int, float]) -> dict[int, float]:
         """The gain each k not measured lately could have — untried (fewer than MIN_SAMPLES rounds
         timed), or stale (not run for RETRY_AFTER speculative rounds: a few unlucky rounds must not
         shelve a K for good) — its deeper draft positions credited as if they always agreed once
         reached (`Acceptance.emitted`), its tokens per round from the acceptance, not its old rounds."""
-        return {k: self.gain(k, costs, acc, nearby, pooled, lone, hope=True)[0] * drains[k]
+        return {k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k]
                 for k in range(1, max_k + 1) if len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
                 or self.spec_rounds - self.last_run.get(k, 0) > RETRY_AFTER}
 
