@@ -28,6 +28,11 @@ Variants (`--variants`):
   code -2 %, chat +0 %, 20261205T002446Z.)
 - off: the default drafter with the control off (the scalar lane's own rule: K per round from
   the request's acceptance and the load probe's costs).
+- 2026-12-05: noshadow (no shadow rounds while plain: gmlx/decode/shadow.py), switchtimed (a scalar
+  round that switches kind timed like any other), scaled (a lone request's tokens per round the
+  width's scaled by its acceptance over the pool's), prior4 (its prior worth 4 rounds), within9 (it
+  tries a deeper K whose hope is within 0.9 of the best, as a batch width does) — each the rule
+  before that session's change (prior4: a lighter prior, not kept).
 (A batch width's acceptance-shift reset — the pooled figures reset when its last 16 row-rounds'
 acceptance sat 3 standard deviations off the pooled rate — ran as `noshift` at 73bbc36 with
 --concurrency 2: no effect, and it never fired where chat requests followed code ones; reverted.)
@@ -77,6 +82,9 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "prior4": ("prior worth 4 rounds", lambda: patch.object(control, "LONE_PRIOR_ROUNDS", 4.0)),
     # K's other than the best are measured again once stale (RETRY_AFTER speculative rounds) when
     # their hope could win (TRY_WITHIN of the best): never, here (the first measurement stands)
+    # a lone request tries an untried (or stale) K whose hope is within 0.9 of the best's gain, as a
+    # batch width does (gmlx before thresholds.LONE_TRY_WITHIN), not only one whose hope reaches it
+    "within9": ("lone tries within 0.9", lambda: patch.object(width_control, "LONE_TRY_WITHIN", 0.9)),
     "noretry": ("stale K's not measured again", lambda: patch.object(width_control, "RETRY_AFTER", 10 ** 9)),
     # what `gmlx sweep-cap --write` records on this CPU for SmolLM2 float32 ("a lone request: K = 1"):
     # the control on, its ceiling at width 1 one draft (the user config's K per width, as CapWatch reads it)

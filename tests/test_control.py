@@ -716,3 +716,29 @@ def test_steady_rate_is_the_controls_estimator():
     assert steady_rate(2, [0.1, 0.1, 10.0], [2.0, 2.0, 2.0]) == pytest.approx(40.0)
     plain, spec = steady_rate(4, [0.05] * 5, [1.0] * 5), steady_rate(4, [0.08] * 5, [2.4] * 5)
     assert spec / plain == pytest.approx(2.4 * 0.05 / 0.08)
+
+
+@pytest.mark.parametrize("within, tries", [(None, False), (0.9, True)])
+def test_a_lone_request_tries_a_deeper_k_only_when_its_hope_reaches_the_best(monkeypatch, within, tries):
+    """Width 1, K=1 paired at 1.15 plain rounds; a request accepting 0.3 of its first drafts and,
+    once one agreed, 0.3 of its second: K=1 predicted 1.13x, K=2's hope (its second draft counted
+    toward always agreeing) 1.07x. The lone request does not try K=2 (LONE_TRY_WITHIN: its hope
+    must reach the best's gain; such tries recur within a request and ran 0.65-0.94x on SmolLM2
+    chat); at the batch widths' TRY_WITHIN (0.9 of the best) it would."""
+    if within is not None:
+        monkeypatch.setattr(width_control, "LONE_TRY_WITHIN", within)
+    ctl = fresh(Costs(verify=(1.0, 1.15, 1.35), draft=0.0))
+    for i in range(48):  # plain and K=1 runs side by side: K=1's ratio paired
+        k = (i // 6) % 2
+        feed(ctl, 1, k, 0.010 * (1.0, 1.15)[k], accepted=i % 3 == 0)
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice = 1, MIN_EVIDENCE
+    assert wc.pairs.ratio(1) == pytest.approx(1.15)
+    own = Acceptance(3.0, 7.0, rounds=10, depth=[[3.0, 10.0], [3.0, 10.0]])
+    gain, hope = wc.gain(1, ctl.costs, own, lone=True)[0], wc.gain(2, ctl.costs, own, lone=True, hope=True)[0]
+    assert 0.9 * gain < hope < gain
+    ks = []
+    for _ in range(8):
+        ks.append(ctl.choose(1, 2, own).k)
+        ctl.observe(1, ks[-1], 0.010 * (1.0, 1.15, 1.35)[ks[-1]], [(ks[-1], 0)])
+    assert (2 in ks) is tries, ks

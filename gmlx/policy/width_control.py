@@ -15,7 +15,7 @@ from gmlx.policy.figures import (MARGIN, MIN_SAMPLES, PAIR_SPAN, STAY, Z, Accept
                                  surely_pays)
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_POINT, LONE_TRY,
                                     MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
-                                    REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN)
+                                    REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN, LONE_TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
@@ -187,8 +187,8 @@ class WidthControl:
                 self.explore_after = min(EXPLORE_MAX, self.explore_after * 2)
             self.exploring = True
         elif best > 0 and best == argmax and gains[best] > 1.0:
-            best = self._neighbour_to_try(best, max_k, gains, self._hopes(max_k, costs, acc, ratio, lone,
-                                                                          drains))
+            best = self._neighbour_to_try(best, gains, self._hopes(max_k, costs, acc, ratio, lone, drains),
+                                          LONE_TRY_WITHIN if lone else TRY_WITHIN)
         if best and 0 < self.window_k <= max_k and (self.plain_window or self.after_window):
             best = self.window_k  # (within this caller's ceiling: a new request may have a lower one)
         if cur is None or (best == 0) != (cur == 0):
@@ -234,12 +234,13 @@ class WidthControl:
                 for k in range(1, max_k + 1) if len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
                 or self.spec_rounds - self.last_run.get(k, 0) > RETRY_AFTER}
 
-    def _neighbour_to_try(self, best: int, max_k: int, gains: dict[int, float], hopes: dict[int, float]) -> int:
-        """The k nearest the best that is untried and could be within TRY_WITHIN of the best and
-        not a loss (its hope): a few rounds measure it instead of trusting the cost model's ratio
-        (one probe at width 1) or the geometric model (a deep draft position may agree more, or
-        less, than the first), so every plausible k up to the ceiling is soon a measurement."""
-        untried = [k for k, h in hopes.items() if k != best and h >= max(1.0, TRY_WITHIN * gains[best])]
+    def _neighbour_to_try(self, best: int, gains: dict[int, float], hopes: dict[int, float], within: float) -> int:
+        """The k nearest the best that is untried and could be `within` (TRY_WITHIN; the lone
+        request's LONE_TRY_WITHIN) of the best and not a loss (its hope): a few rounds measure it
+        instead of trusting the cost model's ratio (one probe at width 1) or the geometric model (a
+        deep draft position may agree more, or less, than the first), so every plausible k up to
+        the ceiling is soon a measurement."""
+        untried = [k for k, h in hopes.items() if k != best and h >= max(1.0, within * gains[best])]
         return self._retry(min(untried, key=lambda k: (abs(k - best), -k))) if untried else best
 
     def _retry(self, k: int) -> int:
