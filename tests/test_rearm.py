@@ -2,7 +2,7 @@
 drafts again (gmlx/decode/scalar.py REARM_MIN; gmlx/decode/plain.py `keep_hidden`): its plain
 steps' hidden states become the drafter's pending entries. Tokens never move: every stream equals
 its solo plain decode, greedy and seeded; the branch is forced both ways, on the test model and
-on SmolLM2 with its shipped head."""
+on SmolLM2 with its shipped head. A round that switches kind (goes plain, re-arms) is not timed."""
 
 import mlx.core as mx
 import numpy as np
@@ -16,6 +16,7 @@ from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import prefill_row
 from gmlx.drafters.base import DraftPick
 from gmlx.drafters.select import select_drafter
+from gmlx.engine import speculation
 from gmlx.engine.oracle import make_row
 from gmlx.policy import control, width_control
 from gmlx.sampling import RowSampling
@@ -130,3 +131,34 @@ def test_one_commit_of_the_plain_steps_drafts_as_one_commit_per_step(lm, prompts
             drafter.commit(st, 0, np.array([n - 1]), hidden, tokens)
         drafts.append(np.array(drafter.draft(st, 3, pick, pre.cache)).tolist())  # sync: test read
     assert drafts[0] == drafts[1]
+
+
+def test_a_lone_requests_switching_rounds_are_not_timed(lm, prompts, clean, monkeypatch):
+    """A scalar round whose successor runs another k (it went plain, re-armed, changed K) is not
+    timed (ScalarLane.switched): its period holds both kinds' work. Every period the control is
+    given is a round between two rounds of its own k; and this run switched both ways."""
+    events = []
+    real_round, real_time = scalar.ScalarLane.round, speculation.Speculation.record_time
+
+    def round_(self, last=False):
+        res = real_round(self, last)
+        events.append(("round", self.last_k))
+        return res
+
+    def record_time(self, width, k, seconds):
+        events.append(("time", k))
+        return real_time(self, width, k, seconds)
+
+    monkeypatch.setattr(scalar.ScalarLane, "round", round_)
+    monkeypatch.setattr(speculation.Speculation, "record_time", record_time)
+    _lone(lm, prompts[5], P(96), monkeypatch, True)  # (forced: record_time's seconds replaced underneath)
+    ks = [k for e, k in events if e == "round"]
+    timed = 0
+    for i, (e, k) in enumerate(events):
+        if e == "time":
+            before = [x for ev, x in events[:i] if ev == "round"]
+            after = [x for ev, x in events[i + 1:] if ev == "round"]
+            assert before[-1] == k == after[0], (i, before[-3:], k, after[:3])
+            timed += 1
+    assert timed >= 20  # (the request's plain tail, its drafter dropped, runs without the control)
+    assert any(a > 0 and b == 0 for a, b in zip(ks, ks[1:])) and any(a == 0 and b > 0 for a, b in zip(ks, ks[1:]))

@@ -11,13 +11,11 @@ import pytest
 from engine_helpers import P, check_solo, drive
 from numerics import tie_margin
 from test_control import forced, on
-from test_rearm import _lone
 from gmlx.decode import scalar, shadow
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import prefill_row
 from gmlx.drafters.base import take_rows_at
 from gmlx.drafters.select import select_drafter
-from gmlx.engine import speculation
 from gmlx.engine.oracle import make_row
 from gmlx.policy import control, width_control
 from gmlx.policy.figures import DECAY, Acceptance
@@ -141,34 +139,3 @@ def test_smollm2_a_lone_request_sent_plain_re_arms_on_what_its_shadow_rounds_acc
         control.forget(lm.target)
     assert after[0] == 0
     assert (sum(after) > 0) is shadows, after
-
-
-def test_a_lone_requests_switching_rounds_are_not_timed(lm, prompts, clean, monkeypatch):
-    """A scalar round whose successor runs another k (it went plain, re-armed, changed K) is not
-    timed (ScalarLane.switched): its period holds both kinds' work. Every period the control is
-    given is a round between two rounds of its own k; and this run switched both ways."""
-    events = []
-    real_round, real_time = scalar.ScalarLane.round, speculation.Speculation.record_time
-
-    def round_(self, last=False):
-        res = real_round(self, last)
-        events.append(("round", self.last_k))
-        return res
-
-    def record_time(self, width, k, seconds):
-        events.append(("time", k))
-        return real_time(self, width, k, seconds)
-
-    monkeypatch.setattr(scalar.ScalarLane, "round", round_)
-    monkeypatch.setattr(speculation.Speculation, "record_time", record_time)
-    _lone(lm, prompts[5], P(96), monkeypatch, True)  # (forced: record_time's seconds replaced underneath)
-    ks = [k for e, k in events if e == "round"]
-    timed = 0
-    for i, (e, k) in enumerate(events):
-        if e == "time":
-            before = [x for ev, x in events[:i] if ev == "round"]
-            after = [x for ev, x in events[i + 1:] if ev == "round"]
-            assert before[-1] == k == after[0], (i, before[-3:], k, after[:3])
-            timed += 1
-    assert timed >= 20  # (the request's plain tail, its drafter dropped, runs without the control)
-    assert any(a > 0 and b == 0 for a, b in zip(ks, ks[1:])) and any(a == 0 and b > 0 for a, b in zip(ks, ks[1:]))
