@@ -82,6 +82,12 @@ class PlainDecoder:
         attach([res], cur_lps, self.rs)
         return res
 
+    def hand_to(self, drafter, state) -> None:
+        """The kept steps not yet handed over become the drafter's pending entries: one commit with
+        k = 0 of several (the drafter base's contract), as a re-arm and a shadow round make it."""
+        hidden, tokens = self.kept()
+        drafter.commit(state, 0, np.array([tokens.shape[1] - 1]), hidden, tokens)
+
     def kept(self) -> tuple[mx.array, mx.array]:
         """The emitted steps' hidden states [1, n, D] and tokens [1, n] (n >= 1), in order: step i
         read token x_i and sampled x_{i+1}, as a verify's position does (gmlx/drafters/base.py).

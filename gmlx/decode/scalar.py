@@ -163,8 +163,7 @@ class ScalarLane:
     def _rearm(self, seq: ScalarSeq, pending: list[int]) -> None:
         """Hand the plain steps to the drafter as pending entries (one commit with k = 0: the
         drafter base's contract) and dispatch a speculative round from the last one's token."""
-        hidden, tokens = self.plain.kept()
-        self.drafter.commit(seq.draft, 0, np.array([tokens.shape[1] - 1]), hidden, tokens)
+        self.plain.hand_to(self.drafter, seq.draft)
         position, self.plain, self.shadow = self.plain.pos, None, None
         self.flight = self._dispatch(seq, max(pending[-1], 0), position, seq.row.remaining - len(pending), pending)
 
