@@ -78,7 +78,9 @@ def test_speculation_stays_while_it_pays():
 
 def test_a_settled_choice_is_decided_afresh_every_few_rounds_and_a_change_is_seen_within_them(monkeypatch):
     """Once settled, a width's choice is reused by the same caller for DECIDE_EVERY - 1 rounds (the
-    arithmetic is a few % of a short round); a try, a window or a new caller decides every time."""
+    arithmetic is a few % of a short round); a try, a window or a new caller decides every time.
+    (Its rounds run the K chosen from the prior's first round on: FIRST_K1 off.)"""
+    monkeypatch.setattr(width_control, "FIRST_K1", False)
     ctl = fresh()
     feed(ctl, 1, 0, 0.010, accepted=0, n=5)
     for _ in range(20):
@@ -470,7 +472,8 @@ def test_a_new_width_predicts_from_the_nearest_timed_widths_round_times():
     plain rounds. Width 8, with nothing timed yet, starts from width 4's ratio (plain: no K pays
     within 10 %), not from the probe (K=3); once its own rounds are timed, they decide."""
     probe = Costs(verify=(1.0, 1.02, 1.04, 1.06), draft=0.01)
-    assert fresh(probe).choose(8, 3).k >= 2  # nothing timed anywhere: the cost model speculates
+    first = fresh(probe).choose(8, 3)  # nothing timed anywhere: the cost model speculates, deeply ...
+    assert first.best_spec[0] >= 2 and first.k == 1  # ... after its first rounds measure K=1 (FIRST_K1)
     ctl = fresh(probe)
     feed(ctl, 4, 0, 0.010, accepted=0, n=4)
     feed(ctl, 4, 3, 0.020, accepted=1, n=4)
@@ -574,6 +577,52 @@ def test_forced_speculative_the_batch_keeps_speculating_and_every_stream_equals_
     tr = run.transitions()  # the once-only plain measurement at a width: gate, then resume
     reasons = [e.reason or "" for _, e in run.events() if e.transition == "gate"]
     assert "resume" in tr[tr.index("gate"):] and "measuring plain rounds" in reasons[0], (tr, reasons)
+    eng.close()
+
+
+@pytest.mark.parametrize("first_k1", [True, False])
+def test_a_widths_first_speculative_rounds_measure_k1(monkeypatch, first_k1):
+    """Width 2, nothing measured: the prior (alpha 0.6) predicts the ceiling K=3 best. Its first
+    MIN_EVIDENCE speculative rounds run K=1 (thresholds.FIRST_K1: the cheapest measurement of the
+    acceptance; a first try at K=3 that went badly sent SmolLM2 code at c = 4 plain for 102 of 118
+    rounds in the simulated engine, benchmarks/sim_control.py), then the best predicted K; without
+    the rule K=3 runs from the first round."""
+    monkeypatch.setattr(width_control, "FIRST_K1", first_k1)
+    ctl = fresh()
+    ks = []
+    for _ in range(3 * MIN_EVIDENCE):
+        ks.append(ctl.choose(2, 3).k)
+        feed(ctl, 2, ks[-1], 0.010 * COSTS.round_cost(ks[-1]), accepted=ks[-1], n=1)  # every draft agrees
+    drafting = [k for k in ks if k]
+    if first_k1:
+        assert drafting[:MIN_EVIDENCE] == [1] * MIN_EVIDENCE and drafting[-1] == 3, ks
+    else:
+        assert drafting[0] == 3, ks
+
+
+@pytest.mark.parametrize("first_k1", [True, False])
+def test_a_new_batchs_first_round_drafts_the_controls_choice(lm, prompts, clean, monkeypatch, first_k1):
+    """Two requests submitted together form an armed batch in the step that plans it, before any
+    choice at width 2: its first round drafts what the control chooses there now (K=1 under
+    FIRST_K1), not the ceiling (gmlx before 2026-12-05); every stream equals its solo plain one."""
+    monkeypatch.setattr(width_control, "FIRST_K1", first_k1)
+    forced(monkeypatch, spec_cost=1.05)
+    chosen = []  # per speculative batch round: the control's choice in force when its K was set
+    real = speculation.Speculation.batch_k
+
+    def batch_k(self, width, rows):
+        k = real(self, width, rows)
+        chosen.append(self.choice and self.choice.k)
+        return k
+
+    monkeypatch.setattr(speculation.Speculation, "batch_k", batch_k)
+    eng = on(lm)
+    run = drive(eng, {0: [("a", prompts[0], P(32)), ("b", prompts[1], P(32, seed=2, t=0.8))]})
+    check_solo(lm, run)
+    first = next(e for _, e in run.rounds() if e.round == "speculative")
+    drafted = {d for _rid, d, _a, _n in first.rows}
+    assert drafted == {chosen[0]}, (drafted, chosen)
+    assert chosen[0] == 1 if first_k1 else 1 <= chosen[0] <= eng.k, chosen
     eng.close()
 
 

@@ -92,7 +92,7 @@ class Lanes:
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
             return [self.scalar.round(last=kind is Round.SCALAR_LAST)]
         if kind is Round.SPECULATIVE:  # the plan decided this batch speculates: at least one draft
-            return self.batch.speculative_round(self.spec.batch_k(width))
+            return self.batch.speculative_round(self.spec.batch_k(width, self.batch.rows))
         if kind is Round.CAPTURE:
             return self.batch.capture_round()
         return self.batch.plain_round(successor=kind is Round.PLAIN)

@@ -29,6 +29,7 @@ class Speculation:
         on = control and drafter is not None and explicit_k is None and costs is not None
         self.control = Controller(target, drafter.kind, costs) if on else None
         self.choice: Choice | None = None  # this step's choice at the batch's width
+        self._chosen_at = 0  # the width (bucket) it was made for
         self._pending: tuple | None = None  # (width, k, start) of the last round, until the next starts
         self._asked = 0  # the K the last speculative batch round was asked for
         self.refills = Refills()  # whether finished rows' places are taken (the drain charge's weight)
@@ -46,23 +47,32 @@ class Speculation:
         self.choice = None
         self.refills.step(frozenset(r.rid for r in rows))
         if batch_width >= 1:
-            self.choice = self.control.choose(batch_width, self.ceiling(batch_width),
-                                              remaining=tuple(r.remaining for r in rows),
-                                              drain_share=self.refills.drain_share)
+            self._choose(batch_width, rows)
         live = len(rows)
         asked = {live, live + queued, 1 + queued, queued} - {0}
         return frozenset(w for w in asked | ({batch_width} - {0})
                          if (w == batch_width and self.choice.k == 0)
                          or (w != batch_width and self.control.decided_plain(w)))
 
+    def _choose(self, width: int, rows: list) -> None:
+        self.choice = self.control.choose(width, self.ceiling(width), remaining=tuple(r.remaining for r in rows),
+                                          drain_share=self.refills.drain_share)
+        self._chosen_at = bucket(width)
+
     @property
     def plain_why(self) -> str:
         """Why the batch's width decodes plain now (the control's reason), for the plan's reason."""
         return self.choice.reason if self.choice is not None and self.choice.k == 0 else "plain pays better"
 
-    def batch_k(self, width: int) -> int:
-        """Drafts this speculative batch round (the plan said speculate: at least one)."""
-        k = self.choice.k if self.choice is not None and self.choice.k > 0 else max(1, self.ceiling(width))
+    def batch_k(self, width: int, rows: list) -> int:
+        """Drafts this speculative batch round (the plan said speculate: at least one). A round at a
+        width the step's choice was not made for — a batch just formed (the plan saw no batch) or
+        widened by an admission — is chosen for now, at its width: it ran the ceiling K before
+        (a new SmolLM2 batch's first round drafted K = 3 where the control's first tries run K = 1)."""
+        if self.control is not None and (self.choice is None or self._chosen_at != bucket(width)):
+            self._choose(width, rows)
+        # (a choice of plain made for the new width: its one round drafts the fewest, K = 1)
+        k = max(1, self.choice.k) if self.choice is not None else max(1, self.ceiling(width))
         self._asked = k
         return k
 

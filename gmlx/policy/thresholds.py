@@ -10,6 +10,14 @@ TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best
 # SmolLM2 float32 (128-token answers, this CPU) K = 2-3 tried at 0.9 of K = 1's gain ran 0.65-0.94x
 # on chat; the control with a K ceiling of 1 beat the default in 9 of 10 paired runs (1-5 %).
 LONE_TRY_WITHIN = 1.0
+# A batch width's first MIN_EVIDENCE speculative rounds draft K = 1, whatever the prior predicts:
+# they measure the acceptance at the cheapest round (the lone request's tries are K = 1 too:
+# LONE_TRY). A first try at the prior's K = 3 that met a poor start weighed K = 3's cost against
+# it and sent the width plain: in the simulated engine (benchmarks/sim_control.py: SmolLM2 float32,
+# this CPU's round costs, 64-token answers) code at c = 4 ran 1.02x of plain without the rule and
+# 1.18x with it, code at c = 2 1.16x -> 1.20x, chat at c = 4 0.97x -> 0.99x; the lone request is
+# unchanged. Deeper K's follow from the measured acceptance (the tries, `_neighbour_to_try`).
+FIRST_K1 = True
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
 # ... and while plain is in force only for want of certainty — the best K predicted MARGIN above

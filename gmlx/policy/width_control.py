@@ -15,7 +15,7 @@ from gmlx.policy.figures import (MARGIN, MIN_SAMPLES, PAIR_SPAN, STAY, Z, Accept
                                  surely_pays)
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_POINT, LONE_TRY,
                                     MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
-                                    REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN, LONE_TRY_WITHIN)
+                                    REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN, LONE_TRY_WITHIN, FIRST_K1)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
@@ -189,6 +189,8 @@ class WidthControl:
         elif best > 0 and best == argmax and gains[best] > 1.0:
             best = self._neighbour_to_try(best, gains, self._hopes(max_k, costs, acc, ratio, lone, drains),
                                           LONE_TRY_WITHIN if lone else TRY_WITHIN)
+        if best > 1 and not lone and FIRST_K1 and self.spec_rounds < MIN_EVIDENCE:
+            best = 1  # a width's first speculative rounds measure K = 1 (thresholds.FIRST_K1)
         if best and 0 < self.window_k <= max_k and (self.plain_window or self.after_window):
             best = self.window_k  # (within this caller's ceiling: a new request may have a lower one)
         if cur is None or (best == 0) != (cur == 0):
@@ -212,13 +214,10 @@ class WidthControl:
 
     def _seen(self, k: int, acc: Acceptance, lone: bool) -> float:
         """k's tokens per row and round: measured here (the width's last rounds at k), else the
-        acceptance's model. The lone request's: its own acceptance's model (per draft position,
-        its prior the pool's rates: figures.Acceptance.emitted). The width's rounds at width 1
-        are mostly the same request's lately, so scaling them by its acceptance over the pool's
-        (gmlx before 2026-12-05) counted its streak twice: a chat request after code ones (its
-        0.28 against the pool's ~0.4) was predicted 0.95-1.0x at K = 1 and went plain where K = 1
-        ran 1.10x, and a code request's good streak sent it to K = 2-3 predicted 1.3-1.7x that
-        ran 1.06-1.31x (traced per K: docs/speculation.md)."""
+        acceptance's model; the lone request's, its own acceptance's model (its prior the pool's
+        rates). Width 1's rounds are mostly the same request's lately: scaled by its acceptance
+        over the pool's (before 2026-12-05) they counted its streak twice — a chat request after
+        code ones went plain where K = 1 ran 1.10x (traced per K: docs/speculation.md)."""
         if lone:
             return acc.emitted(k)
         seen = self.spec.tokens_per_round(k)
