@@ -26,7 +26,8 @@ narrower width is not tried first. The best k (gain, k = 0 counting 1) runs, wit
 doubt to plain (never lose): speculation is left once predicted under STAY (after MIN_EVIDENCE
 rounds), entered only when predicted MARGIN better and above 1 by more than Z standard errors
 of its measured figures (the paired ratio or two period medians, the tokens per round); a try
-(a new width's first, an exploration) stays after MIN_EVIDENCE rounds only if it passes that.
+(a new width's first, an exploration) stays after MIN_EVIDENCE rounds only if it passes that; a
+batch width's first MIN_EVIDENCE speculative rounds draft K = 1 (FIRST_K1), deeper K's following.
 A K not measured lately (untried, or not run for RETRY_AFTER speculative rounds) is measured for a
 few rounds when its hope — its deeper draft positions credited as if they always agreed once
 reached — could come within TRY_WITHIN of the best: the geometric model errs low for a head whose

@@ -1,0 +1,222 @@
+"""The online control compared without this machine's noise: the engine on SmolLM2 float32 with a
+simulated clock, so that every round costs what a table of round periods measured on this CPU
+says (by width and K), and the control's decisions — made on that clock — are compared arm by arm.
+
+Why: on this shared 2-core VM a run's rate moves 3-15 % from one repeat to the next, more than
+most of the control's rules are worth, so a rule measured in wall time is often a coin toss. Here
+the tokens, the acceptance and every decision are the engine's own (the real model and its shipped
+EAGLE-3 head, greedy, the control unchanged); only the clock is modelled, so a run is exactly
+reproducible and two rules differ by what they decide alone. What it is not: a measurement of
+speed. The table is one machine's, the host work outside a round is folded into its period, and a
+rule chosen here must still show in an interleaved wall-time run (`--wall`).
+
+The clock: each round advances it by PLAIN[width] x RATIO[width][K] (a capture round by CAPTURE);
+prefill and transitions cost nothing (the same work in every arm). The engine's round timing and
+the control's pairing read this clock; the load probe's figures are PROBE. Each arm starts from
+nothing measured (a fresh process). A closed loop keeps c requests in flight over the prompts.
+
+Run: ``python benchmarks/sim_control.py --kinds chat,code --concurrency 1,2,4 --max-tokens 64``
+(``--wall N``: the same closed loops in wall time, N interleaved repeats, each arm a fresh process's
+state, to confirm a rule; ``--measure 1,2,4`` times the table's rounds on this machine).
+Writes bench_results/<utc>_sim_control.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import types
+from collections import Counter
+from pathlib import Path
+
+import gmlx  # noqa: F401  (OpenBLAS before mlx)
+from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.config import Switches
+from gmlx.decode import scalar
+from gmlx.engine import engine as engine_mod, lanes, speculation
+from gmlx.gguf.smollm2 import converted
+from gmlx.machine import describe
+from gmlx.models.loading import load
+from gmlx.policy import control, width_control
+from gmlx.policy.admission import Round
+from gmlx.policy.costs import Costs
+
+from bench_matrix import CHAT_ASKS, CODE_ASKS
+from common import command_line, write_result
+
+# A round's period (start to next start), ms, by width bucket: plain, and K drafts as a ratio to it.
+# Width 1: steady runs of the scalar loop (docs/speculation.md, 2026-12-05: 1.15 / 1.35 / 1.50);
+# widths 2 and 4: `--measure 1,2,4` here on 2026-12-05 (4 interleaved repeats, 40 tokens; round
+# durations, with ~8 ms of host work per period added to plain), width 8 extrapolated.
+PLAIN = {1: 63.0, 2: 69.0, 4: 79.0, 8: 105.0}
+RATIO = {1: {1: 1.15, 2: 1.35, 3: 1.50}, 2: {1: 1.21, 2: 1.39, 3: 1.44}, 4: {1: 1.17, 2: 1.56, 3: 1.50},
+         8: {1: 1.25, 2: 1.60, 3: 1.70}}
+CAPTURE = 1.05  # a capture round: one verify position per row, with the hidden capture
+PROBE = Costs(verify=(1.0, 1.10, 1.22, 1.32), draft=0.02, source="measured (simulated)")  # the load probe here
+
+FIXED = dict(width_cap=0, prompt_cache_bytes=0)
+ARMS = {"plain": (EngineConfig(speculative=False, **FIXED), Switches(control=False)),
+        "default": (EngineConfig(prompt_cache_bytes=0), Switches(control=True)),
+        "k1": (EngineConfig(num_draft_tokens=1, **FIXED), Switches(control=False)),
+        "k3": (EngineConfig(num_draft_tokens=3, **FIXED), Switches(control=False))}
+# The default with one rule changed: (module, name, value) patched for the arm's run.
+VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first tries at the prior's K
+            "noretry": [(width_control, "RETRY_AFTER", 10 ** 9)],  # a K measured once is never retried
+            "notries": [(width_control, "LONE_TRY_WITHIN", float("inf"))],  # a lone request tries no deeper K
+            "within11": [(width_control, "LONE_TRY_WITHIN", 1.1)],  # ... only one whose hope is 10 % above the best
+            "within125": [(width_control, "LONE_TRY_WITHIN", 1.25)],
+            "ceil1": [(speculation.Speculation, "ceiling", lambda self, width: 1)]}  # K ceiling 1 at every width
+
+
+def bucket(width: int) -> int:
+    return 1 if width <= 1 else 2 if width <= 2 else 4 if width <= 4 else 8
+
+
+class SimClock:
+    """The engine's and the control's clock, advanced by the rounds the engine runs."""
+
+    def __init__(self):
+        self.t = 0.0
+        self.rounds: Counter = Counter()  # (width bucket, K or "capture") -> rounds
+
+    def install(self) -> None:
+        fake = types.SimpleNamespace(perf_counter=lambda: self.t)
+        engine_mod.time = width_control.time = fake
+        scalar.round_costs = scalar.reconfirmed = lambda *a, **kw: PROBE
+        run = lanes.Lanes.run
+
+        def timed_run(lane, kind, width):
+            results = run(lane, kind, width)
+            b = bucket(width)
+            k = (lane.scalar.last_k or 0) if kind in (Round.SCALAR, Round.SCALAR_LAST) else \
+                lane.spec._asked if kind is Round.SPECULATIVE else 0
+            ratio = CAPTURE if kind is Round.CAPTURE else RATIO[b][k] if k else 1.0
+            self.t += PLAIN[b] * ratio / 1000
+            self.rounds[b, "capture" if kind is Round.CAPTURE else k] += 1
+            return results
+
+        lanes.Lanes.run = timed_run
+
+
+def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: int) -> dict:
+    """c requests in flight over `prompts` on a fresh engine (nothing measured before it); its rate
+    on the simulated clock, or (clock None) in wall time, prefill included."""
+    cfg, sw = ARMS.get(arm, ARMS["default"])
+    patched = [(obj, name, getattr(obj, name)) for obj, name, _ in VARIANTS.get(arm, [])]
+    for obj, name, value in VARIANTS.get(arm, []):
+        setattr(obj, name, value)
+    control._plain.clear(), control._spec.clear(), control._widths.clear()  # a fresh process
+    if clock is not None:
+        clock.t, clock.rounds = 0.0, Counter()
+    t0 = time.perf_counter()
+    try:
+        eng = Engine(lm, cfg, switches=sw)
+        params = SamplingParams(max_tokens=n, seed=0, ignore_eos=True)
+        todo, live, streams = list(prompts), [], []
+        while todo or live:
+            while todo and len(live) < c:
+                live.append(eng.submit(todo.pop(0), params, start=False))
+                streams.append(live[-1])
+            eng.step()
+            live = [s for s in live if not s.done]
+        eng.close()
+        recs = [s.result for s in streams]
+    finally:
+        for obj, name, value in patched:
+            setattr(obj, name, value)
+    toks = sum(len(r.tokens) for r in recs)
+    if clock is None:
+        return {"tok_s": toks / (time.perf_counter() - t0), "tokens": toks, "out": [r.tokens for r in recs]}
+    return {"tok_s": toks / clock.t, "tokens": toks, "rounds": {f"{w}:{k}": v for (w, k), v in sorted(
+        clock.rounds.items(), key=str)}, "out": [r.tokens for r in recs]}
+
+
+def chat_prompts(lm, kind: str) -> list:
+    asks = CHAT_ASKS if kind == "chat" else CODE_ASKS
+    return [lm.tokenizer.apply_chat_template([{"role": "user", "content": a}], add_generation_prompt=True)
+            for a in asks]
+
+
+def measure(lm, widths: list[int], repeats: int, n: int = 40) -> dict:
+    """The table's figures on this machine: median round duration per (width, K), control off,
+    K fixed, interleaved repeats (the first and last two rounds of a run left out)."""
+    arms = {0: EngineConfig(speculative=False, **FIXED)} | {k: EngineConfig(num_draft_tokens=k, **FIXED)
+                                                             for k in (1, 2, 3)}
+    prompts = chat_prompts(lm, "code") + chat_prompts(lm, "chat")
+    per: dict = {}
+    for rep in range(repeats):
+        for w in widths:
+            for k in (list(arms) if rep % 2 == 0 else list(arms)[::-1]):
+                eng = Engine(lm, arms[k], switches=Switches(control=False))
+                for i in range(w):
+                    eng.submit(prompts[(rep * w + i) % len(prompts)], SamplingParams(max_tokens=n, seed=0,
+                                                                                     ignore_eos=True), start=False)
+                durs = []
+                while eng.has_work:
+                    durs += [e.duration_s for e in eng.step() if e.kind.value == "round" and e.width == w]
+                eng.close()
+                per.setdefault((w, k), []).append(statistics.median(durs[2:-2]))
+    return {w: {"plain_ms": round(1000 * statistics.median(per[w, 0]), 1),
+                "ratio": {k: round(statistics.median(a / b for a, b in zip(per[w, k], per[w, 0])), 3)
+                          for k in (1, 2, 3)}} for w in widths}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kinds", default="chat,code")
+    ap.add_argument("--concurrency", default="1,2,4")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2, help="passes over the 4 prompts of each kind")
+    ap.add_argument("--arms", default="plain,default,nofirst,ceil1,k1,k3")
+    ap.add_argument("--wall", type=int, default=0, metavar="N",
+                    help="no simulated clock: N interleaved repeats in wall time (the rules' confirmation)")
+    ap.add_argument("--measure", default=None, help="widths to time the table's rounds at (nothing simulated)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
+    a = ap.parse_args()
+    lm = load(converted("float32"))
+    if a.measure:
+        print(measure(lm, [int(w) for w in a.measure.split(",")], repeats=4))
+        return
+    clock = SimClock() if not a.wall else None
+    if clock is not None:
+        clock.install()
+    arms, cells = a.arms.split(","), []
+    for kind in a.kinds.split(","):
+        for c in [int(x) for x in a.concurrency.split(",")]:
+            prompts = chat_prompts(lm, kind) * a.repeats
+            if a.wall:  # interleaved repeats (the arm order alternates), medians of per-repeat ratios
+                runs = [{arm: closed_loop(lm, None, arm, prompts, c, a.max_tokens)
+                         for arm in (arms if rep % 2 == 0 else arms[::-1])} for rep in range(a.wall)]
+                res = {arm: {"tok_s": statistics.median(r[arm]["tok_s"] for r in runs), "out": runs[0][arm]["out"],
+                             "per_rep": [round(r[arm]["tok_s"] / r[arms[0]]["tok_s"], 3) for r in runs]}
+                       for arm in arms}
+                for arm in arms:  # the cell's ratio: the median of per-repeat ratios to the first arm
+                    res[arm]["tok_s"] = res[arms[0]]["tok_s"] * statistics.median(res[arm]["per_rep"])
+            else:
+                res = {arm: closed_loop(lm, clock, arm, prompts, c, a.max_tokens) for arm in arms}
+            same = all(r["out"] == res[arms[0]]["out"] for r in res.values())
+            for r in res.values():
+                del r["out"]
+            cells.append({"kind": kind, "c": c, "same_tokens": same, "arms": res})
+            base = res.get("plain", {}).get("tok_s")
+            print(kind, c, same, {arm: round(r["tok_s"] / base, 3) if base else round(r["tok_s"], 2)
+                                  for arm, r in res.items()}, flush=True)
+    result = {"command": command_line("sim_control.py", a), "machine": describe(), "table": {
+        "plain_ms": PLAIN, "ratio": RATIO, "capture": CAPTURE, "probe": PROBE.verify}, "cells": cells}
+    path = write_result(a.out, "wall_control" if a.wall else "sim_control", result)
+    clock_said = (f"Wall time, {a.wall} interleaved repeats, medians of per-repeat ratios to {arms[0]}" if a.wall else
+                  "Simulated clock (the table in benchmarks/sim_control.py)")
+    lines = [f"`{result['command']}`", "", f"{clock_said}; rate relative to plain; tokens identical across arms: " + str(all(c["same_tokens"] for c in cells)), "",
+             "| prompts | c | " + " | ".join(arms) + " |", "|---|---|" + "---|" * len(arms)]
+    for cell in cells:
+        base = cell["arms"].get("plain", {}).get("tok_s")
+        lines.append(f"| {cell['kind']} | {cell['c']} | " + " | ".join(
+            f"{r['tok_s'] / base:.3f}x" if base else f"{r['tok_s']:.2f}" for r in cell["arms"].values()) + " |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
