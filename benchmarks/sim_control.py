@@ -165,6 +165,8 @@ def measure(lm, widths: list[int], repeats: int, n: int = 40) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-f32", choices=("smollm2-f32", "smollm2-q"),
+                    help="the simulated clock's table is float32's: use smollm2-q with --wall")
     ap.add_argument("--kinds", default="chat,code")
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -175,7 +177,7 @@ def main() -> None:
     ap.add_argument("--measure", default=None, help="widths to time the table's rounds at (nothing simulated)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
     a = ap.parse_args()
-    lm = load(converted("float32"))
+    lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
     if a.measure:
         print(measure(lm, [int(w) for w in a.measure.split(",")], repeats=4))
         return
