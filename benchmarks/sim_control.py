@@ -10,10 +10,11 @@ reproducible and two rules differ by what they decide alone. What it is not: a m
 speed. The table is one machine's, the host work outside a round is folded into its period, and a
 rule chosen here must still show in an interleaved wall-time run (`--wall`).
 
-The clock: each round advances it by PLAIN[width] x RATIO[width][K] (a capture round by CAPTURE);
-prefill and transitions cost nothing (the same work in every arm). The engine's round timing and
-the control's pairing read this clock; the load probe's figures are PROBE. Each arm starts from
-nothing measured (a fresh process). A closed loop keeps c requests in flight over the prompts.
+The clock: each round advances it by the model's plain[width] x ratio[width][K] (TABLES; a capture
+round by CAPTURE); prefill and transitions cost nothing (the same work in every arm). The engine's
+round timing and the control's pairing read this clock; the load probe's figures are the table's.
+Each arm starts from nothing measured (a fresh process). A closed loop keeps c requests in flight
+over the prompts.
 
 Run: ``python benchmarks/sim_control.py --kinds chat,code --concurrency 1,2,4 --max-tokens 64``
 (``--wall N``: the same closed loops in wall time, N interleaved repeats, each arm a fresh process's
@@ -47,14 +48,21 @@ from bench_matrix import CHAT_ASKS, CODE_ASKS
 from common import command_line, write_result
 
 # A round's period (start to next start), ms, by width bucket: plain, and K drafts as a ratio to it.
-# Width 1: steady runs of the scalar loop (docs/speculation.md, 2026-12-05: 1.15 / 1.35 / 1.50);
-# widths 2 and 4: `--measure 1,2,4` here on 2026-12-05 (4 interleaved repeats, 40 tokens; round
-# durations, with ~8 ms of host work per period added to plain), width 8 extrapolated.
+# float32, width 1: steady runs of the scalar loop (docs/speculation.md, 2026-12-05: 1.15 / 1.35 /
+# 1.50); widths 2 and 4: `--measure 1,2,4` here on 2026-12-05 (4 interleaved repeats, 40 tokens;
+# round durations, with ~8 ms of host work per period added to plain); width 8 extrapolated.
 PLAIN = {1: 63.0, 2: 69.0, 4: 79.0, 8: 105.0}
 RATIO = {1: {1: 1.15, 2: 1.35, 3: 1.50}, 2: {1: 1.21, 2: 1.39, 3: 1.44}, 4: {1: 1.17, 2: 1.56, 3: 1.50},
          8: {1: 1.25, 2: 1.60, 3: 1.70}}
-CAPTURE = 1.05  # a capture round: one verify position per row, with the hidden capture
 PROBE = Costs(verify=(1.0, 1.10, 1.22, 1.32), draft=0.02, source="measured (simulated)")  # the load probe here
+# 4-bit: `--model smollm2-q --measure 1,2,4` here on 2026-12-05 (durations; ~8 ms added to plain, as above),
+# width 1's ratios and the probe taken from those durations; width 8 extrapolated.
+Q_TABLE = ({1: 61.0, 2: 69.0, 4: 81.0, 8: 108.0},
+           {1: {1: 1.25, 2: 1.39, 3: 1.50}, 2: {1: 1.28, 2: 1.41, 3: 1.48}, 4: {1: 1.16, 2: 1.55, 3: 1.54},
+            8: {1: 1.25, 2: 1.60, 3: 1.70}},
+           Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))
+TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-q": Q_TABLE}
+CAPTURE = 1.05  # a capture round: one verify position per row, with the hidden capture
 
 FIXED = dict(width_cap=0, prompt_cache_bytes=0)
 ARMS = {"plain": (EngineConfig(speculative=False, **FIXED), Switches(control=False)),
@@ -77,14 +85,15 @@ def bucket(width: int) -> int:
 class SimClock:
     """The engine's and the control's clock, advanced by the rounds the engine runs."""
 
-    def __init__(self):
+    def __init__(self, model: str = "smollm2-f32"):
+        self.plain, self.ratio, self.probe = TABLES[model]
         self.t = 0.0
         self.rounds: Counter = Counter()  # (width bucket, K or "capture") -> rounds
 
     def install(self) -> None:
         fake = types.SimpleNamespace(perf_counter=lambda: self.t)
         engine_mod.time = width_control.time = fake
-        scalar.round_costs = scalar.reconfirmed = lambda *a, **kw: PROBE
+        scalar.round_costs = scalar.reconfirmed = lambda *a, **kw: self.probe
         run = lanes.Lanes.run
 
         def timed_run(lane, kind, width):
@@ -92,8 +101,8 @@ class SimClock:
             b = bucket(width)
             k = (lane.scalar.last_k or 0) if kind in (Round.SCALAR, Round.SCALAR_LAST) else \
                 lane.spec._asked if kind is Round.SPECULATIVE else 0
-            ratio = CAPTURE if kind is Round.CAPTURE else RATIO[b][k] if k else 1.0
-            self.t += PLAIN[b] * ratio / 1000
+            ratio = CAPTURE if kind is Round.CAPTURE else self.ratio[b][k] if k else 1.0
+            self.t += self.plain[b] * ratio / 1000
             self.rounds[b, "capture" if kind is Round.CAPTURE else k] += 1
             return results
 
@@ -166,7 +175,7 @@ def measure(lm, widths: list[int], repeats: int, n: int = 40) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-f32", choices=("smollm2-f32", "smollm2-q"),
-                    help="the simulated clock's table is float32's: use smollm2-q with --wall")
+                    help="the simulated clock's table is the model's (TABLES)")
     ap.add_argument("--kinds", default="chat,code")
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -181,7 +190,7 @@ def main() -> None:
     if a.measure:
         print(measure(lm, [int(w) for w in a.measure.split(",")], repeats=4))
         return
-    clock = SimClock() if not a.wall else None
+    clock = SimClock(a.model) if not a.wall else None
     if clock is not None:
         clock.install()
     arms, cells = a.arms.split(","), []
@@ -206,11 +215,14 @@ def main() -> None:
             print(kind, c, same, {arm: round(r["tok_s"] / base, 3) if base else round(r["tok_s"], 2)
                                   for arm, r in res.items()}, flush=True)
     result = {"command": command_line("sim_control.py", a), "machine": describe(), "table": {
-        "plain_ms": PLAIN, "ratio": RATIO, "capture": CAPTURE, "probe": PROBE.verify}, "cells": cells}
+        "plain_ms": TABLES[a.model][0], "ratio": TABLES[a.model][1], "capture": CAPTURE,
+        "probe": TABLES[a.model][2].verify}, "cells": cells}
     path = write_result(a.out, "wall_control" if a.wall else "sim_control", result)
     clock_said = (f"Wall time, {a.wall} interleaved repeats, medians of per-repeat ratios to {arms[0]}" if a.wall else
                   "Simulated clock (the table in benchmarks/sim_control.py)")
-    lines = [f"`{result['command']}`", "", f"{clock_said}; rate relative to plain; tokens identical across arms: " + str(all(c["same_tokens"] for c in cells)), "",
+    same = all(c["same_tokens"] for c in cells)
+    lines = [f"`{result['command']}`", "",
+             f"{clock_said}; rate relative to plain; tokens identical across arms: {same}", "",
              "| prompts | c | " + " | ".join(arms) + " |", "|---|---|" + "---|" * len(arms)]
     for cell in cells:
         base = cell["arms"].get("plain", {}).get("tok_s")
