@@ -89,13 +89,14 @@ def closed_loop(eng, prompts: list, c: int, max_tokens: int) -> dict:
     """c requests of `prompts` in flight on `eng` (stepped here) until all are done; the engine is
     closed after. Aggregate tokens/s over first submit .. last end, acceptance (drafts accepted /
     drafted, None when none was drafted), the share of rounds that drafted, the last request's
-    `speculation` stat."""
+    `speculation` stat, and every request's tokens in the order of `prompts` (`out`)."""
     params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
-    todo, live, recs = list(prompts), [], []
+    todo, live, recs, streams = list(prompts), [], [], []
     t0 = time.perf_counter()
     while todo or live:
         while todo and len(live) < c:
             live.append(eng.submit(todo.pop(0), params, start=False))
+            streams.append(live[-1])
         eng.step()
         for s in [s for s in live if s.done]:
             live.remove(s)
@@ -106,4 +107,5 @@ def closed_loop(eng, prompts: list, c: int, max_tokens: int) -> dict:
     drafted = sum(r.stats["num_drafted"] for r in recs)
     return {"tok_s": toks / dt, "tokens": toks, "acc": sum(r.stats["num_accepted"] for r in recs) / drafted
             if drafted else None, "speculation": recs[-1].stats.get("speculation", ""),
-            "spec_share": eng.counters.speculative_rounds / max(1, eng.counters.rounds)}
+            "spec_share": eng.counters.speculative_rounds / max(1, eng.counters.rounds),
+            "out": [s.result.tokens for s in streams]}

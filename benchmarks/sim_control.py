@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import types
 from collections import Counter
 from pathlib import Path
@@ -44,8 +43,8 @@ from gmlx.policy import control, width_control
 from gmlx.policy.admission import Round
 from gmlx.policy.costs import Costs
 
-from bench_matrix import CHAT_ASKS, CODE_ASKS
-from common import command_line, write_result
+from bench_matrix import prompt_sets
+from common import closed_loop as run_closed_loop, command_line, write_result
 
 # A round's period (start to next start), ms, by width bucket: plain, and K drafts as a ratio to it.
 # float32, width 1: steady runs of the scalar loop (docs/speculation.md, 2026-12-05: 1.15 / 1.35 /
@@ -110,8 +109,9 @@ class SimClock:
 
 
 def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: int) -> dict:
-    """c requests in flight over `prompts` on a fresh engine (nothing measured before it); its rate
-    on the simulated clock, or (clock None) in wall time, prefill included."""
+    """c requests in flight over `prompts` on a fresh engine (nothing measured before it;
+    common.closed_loop); its rate on the simulated clock, or (clock None) in wall time from the
+    first submit."""
     cfg, sw = ARMS.get(arm, ARMS["default"])
     patched = [(obj, name, getattr(obj, name)) for obj, name, _ in VARIANTS.get(arm, [])]
     for obj, name, value in VARIANTS.get(arm, []):
@@ -119,33 +119,15 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
     control._plain.clear(), control._spec.clear(), control._widths.clear()  # a fresh process
     if clock is not None:
         clock.t, clock.rounds = 0.0, Counter()
-    t0 = time.perf_counter()
     try:
-        eng = Engine(lm, cfg, switches=sw)
-        params = SamplingParams(max_tokens=n, seed=0, ignore_eos=True)
-        todo, live, streams = list(prompts), [], []
-        while todo or live:
-            while todo and len(live) < c:
-                live.append(eng.submit(todo.pop(0), params, start=False))
-                streams.append(live[-1])
-            eng.step()
-            live = [s for s in live if not s.done]
-        eng.close()
-        recs = [s.result for s in streams]
+        r = run_closed_loop(Engine(lm, cfg, switches=sw), prompts, c, n)
     finally:
         for obj, name, value in patched:
             setattr(obj, name, value)
-    toks = sum(len(r.tokens) for r in recs)
     if clock is None:
-        return {"tok_s": toks / (time.perf_counter() - t0), "tokens": toks, "out": [r.tokens for r in recs]}
-    return {"tok_s": toks / clock.t, "tokens": toks, "rounds": {f"{w}:{k}": v for (w, k), v in sorted(
-        clock.rounds.items(), key=str)}, "out": [r.tokens for r in recs]}
-
-
-def chat_prompts(lm, kind: str) -> list:
-    asks = CHAT_ASKS if kind == "chat" else CODE_ASKS
-    return [lm.tokenizer.apply_chat_template([{"role": "user", "content": a}], add_generation_prompt=True)
-            for a in asks]
+        return {"tok_s": r["tok_s"], "tokens": r["tokens"], "out": r["out"]}
+    return {"tok_s": r["tokens"] / clock.t, "tokens": r["tokens"], "rounds": {f"{w}:{k}": v for (w, k), v in sorted(
+        clock.rounds.items(), key=str)}, "out": r["out"]}
 
 
 def measure(lm, widths: list[int], repeats: int, n: int = 40) -> dict:
@@ -153,7 +135,7 @@ def measure(lm, widths: list[int], repeats: int, n: int = 40) -> dict:
     K fixed, interleaved repeats (the first and last two rounds of a run left out)."""
     arms = {0: EngineConfig(speculative=False, **FIXED)} | {k: EngineConfig(num_draft_tokens=k, **FIXED)
                                                              for k in (1, 2, 3)}
-    prompts = chat_prompts(lm, "code") + chat_prompts(lm, "chat")
+    prompts = [p for kind in ("code", "chat") for p in prompt_sets(lm, "smollm2")[kind]]
     per: dict = {}
     for rep in range(repeats):
         for w in widths:
@@ -196,7 +178,7 @@ def main() -> None:
     arms, cells = a.arms.split(","), []
     for kind in a.kinds.split(","):
         for c in [int(x) for x in a.concurrency.split(",")]:
-            prompts = chat_prompts(lm, kind) * a.repeats
+            prompts = prompt_sets(lm, "smollm2")[kind] * a.repeats
             if a.wall:  # interleaved repeats (the arm order alternates), medians of per-repeat ratios
                 runs = [{arm: closed_loop(lm, None, arm, prompts, c, a.max_tokens)
                          for arm in (arms if rep % 2 == 0 else arms[::-1])} for rep in range(a.wall)]
