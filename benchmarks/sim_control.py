@@ -34,7 +34,7 @@ from pathlib import Path
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.decode import scalar
+from gmlx.decode import batch_shadow, scalar
 from gmlx.engine import engine as engine_mod, lanes, speculation
 from gmlx.gguf.smollm2 import converted
 from gmlx.machine import describe
@@ -61,6 +61,9 @@ Q_TABLE = ({1: 61.0, 2: 69.0, 4: 81.0, 8: 108.0},
             8: {1: 1.25, 2: 1.60, 3: 1.70}},
            Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))
 TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-q": Q_TABLE}
+# a gated batch's plain round with shadow rounds (gmlx/decode/batch_shadow.py): 0.99-1.02x of one
+# without, float32 and 4-bit, widths 2 and 4, 6 interleaved runs each here on 2026-12-05
+SHADOW = 1.01
 CAPTURE = 1.05  # a capture round: one verify position per row, with the hidden capture
 
 FIXED = dict(width_cap=0, prompt_cache_bytes=0)
@@ -72,10 +75,17 @@ ARMS = {"plain": (EngineConfig(speculative=False, **FIXED), Switches(control=Fal
 VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first tries at the prior's K
             "noretry": [(width_control, "RETRY_AFTER", 10 ** 9)],  # a K measured once is never retried
             "notries": [(width_control, "LONE_TRY_WITHIN", float("inf"))],  # a lone request tries no deeper K
+            "tries10": [(width_control, "TRY_WITHIN", 1.0)],  # a batch tries a deeper K only if it could beat the best
+            "geohope": [(width_control.WidthControl, "_hopes", lambda self, max_k, costs, acc, nearby, lone, drains: {
+                k: self.gain(k, costs, acc, nearby, lone, hope=lone)[0] * drains[k] for k in range(1, max_k + 1)
+                if len(self.spec.by_k.get(k, ())) < 3 or self.spec_rounds - self.last_run.get(k, 0) > 64})],
             "within11": [(width_control, "LONE_TRY_WITHIN", 1.1)],  # ... only one whose hope is 10 % above the best
             "within125": [(width_control, "LONE_TRY_WITHIN", 1.25)],
+            "noshadow": [(batch_shadow, "SHADOWS", False)],  # a gated batch measures nothing (before 2026-12-05)
+            "keeponly": [(batch_shadow, "SHADOW_EVERY", 10 ** 9)],  # ... keeps its drafter for the resume, no records
             "ceil1": [(speculation.Speculation, "ceiling", lambda self, width: 1)]}  # K ceiling 1 at every width
 
+VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
 def bucket(width: int) -> int:
     return 1 if width <= 1 else 2 if width <= 2 else 4 if width <= 4 else 8
@@ -100,7 +110,8 @@ class SimClock:
             b = bucket(width)
             k = (lane.scalar.last_k or 0) if kind in (Round.SCALAR, Round.SCALAR_LAST) else \
                 lane.spec._asked if kind is Round.SPECULATIVE else 0
-            ratio = CAPTURE if kind is Round.CAPTURE else self.ratio[b][k] if k else 1.0
+            ratio = CAPTURE if kind is Round.CAPTURE else self.ratio[b][k] if k else \
+                SHADOW if lane.batch.shadow is not None and kind in (Round.PLAIN, Round.PLAIN_LAST) else 1.0
             self.t += self.plain[b] * ratio / 1000
             self.rounds[b, "capture" if kind is Round.CAPTURE else k] += 1
             return results

@@ -15,7 +15,8 @@ Armed round (greedy drafts, per-row acceptance and rollback):
 Gated round: one plain step per row, double-buffered (step n+1 dispatched before n is read).
 Capture round: one-position verify of every pending bonus with hidden capture; emits one token
 per row at plain cost and cold-starts the drafter from the captured hidden states (a KV-sharing
-drafter also finds the bonus's K/V in the target cache, written by the same forward).
+drafter also finds the bonus's K/V in the target cache, written by the same forward) — or, after
+a gated stretch with shadow rounds, continues the drafter state they kept (gmlx/decode/batch_shadow.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from gmlx.decode.batch_shadow import BatchShadow
 from gmlx.decode.prefill import Prefilled
 from gmlx.decode.verify import verified
 from gmlx.row import RoundResult
@@ -46,6 +48,7 @@ class BatchLoop:
         self.lookahead: mx.array | None = None  # [B, 1] in-flight plain tokens
         self.lookahead_lps: mx.array | None = None  # their logprobs, when some row asked (gmlx.processors)
         self.rs: RowSampling | None = None
+        self.shadow: BatchShadow | None = None  # gated: the drafter's state kept by shadow rounds
 
     @property
     def width(self) -> int:
@@ -63,10 +66,12 @@ class BatchLoop:
         return np.array([r.next_position + shift for r in self.rows])
 
     # ---- membership ------------------------------------------------------------------
-    def add(self, rows: list[Row], new: list[RaggedKVCache], pres: list[Prefilled], arm: bool) -> None:
+    def add(self, rows: list[Row], new: list[RaggedKVCache], pres: list[Prefilled], arm: bool,
+            shadow: bool = False) -> None:
         """Join prefilled rows: `new` is their per-layer ragged cache (up to each bonus), `pres`
         their drafter inputs. `arm`: they join the drafter, teacher-forced on their prompts'
-        hidden states (the batch must be armed)."""
+        hidden states (the batch must be armed). `shadow` (not armed): they join the gated batch's
+        shadow rounds (those of a batch formed with them; their `pres` carry hidden states)."""
         assert self.lookahead is None, "admission while a plain lookahead is in flight"
         if self.cache:
             extend_rows(self.cache, new)
@@ -76,6 +81,12 @@ class BatchLoop:
             assert self.drafter is not None and (self.draft is not None or not self.rows)
             new_state = self.drafter.start(rows, pres)
             self.draft = new_state if self.draft is None else self.drafter.merge(self.draft, new_state)
+        elif not shadow:  # rows without the drafter's state: the gated stretch has no shadow rounds
+            self.shadow = None
+        elif self.shadow is not None:
+            self.shadow.add(rows, pres)
+        elif not self.rows:
+            self.shadow = BatchShadow(self.drafter, self.drafter.start(rows, pres), rows)
         self.rows.extend(rows)
         self._resample()
 
@@ -83,9 +94,11 @@ class BatchLoop:
         """Keep these rows (finished or cancelled rows leave; their KV and drafter state go)."""
         if len(keep) == len(self.rows):
             return
+        if self.shadow is not None and keep:
+            self.shadow.filter(self.rows, keep)
         self.rows = [self.rows[i] for i in keep]
         if not keep:
-            self.cache, self.draft, self.lookahead, self.rs = [], None, None, None
+            self.cache, self.draft, self.lookahead, self.rs, self.shadow = [], None, None, None, None
             return
         filter_rows(self.cache, keep)
         idx = mx.array(keep, dtype=mx.int32)
@@ -97,8 +110,10 @@ class BatchLoop:
                 self.lookahead_lps = self.lookahead_lps[idx]
         self._resample()
 
-    def disarm(self) -> None:
-        """Gate: drop the drafter's state for every row; it is rebuilt by a capture round."""
+    def disarm(self, keep: bool = False) -> None:
+        """Gate: drop the drafter's state for every row (rebuilt by a capture round), or `keep` it
+        for the gated stretch's shadow rounds."""
+        self.shadow = BatchShadow(self.drafter, self.draft, self.rows) if keep and self.draft is not None else None
         self.draft = None
 
     def _resample(self) -> None:
@@ -159,9 +174,15 @@ class BatchLoop:
     def _plain_step(self, y: mx.array, shift: int) -> tuple[mx.array, mx.array | None]:
         """Each row's next token (and logprobs, None unless asked); shift 1: `y` is the previous
         step's tokens, still on the device (processors see them there)."""
-        logits = self.target.logits(y, self.cache)[:, -1:]  # [B, 1, V]
+        if self.shadow is None:
+            logits = self.target.logits(y, self.cache)[:, -1:]  # [B, 1, V]
+        else:  # the hidden-capturing forward, as a verify's: the shadow's entries
+            logits, hidden = self.target(y, self.cache)
+            logits = logits[:, -1:]
         logits = processed(logits, self.rs, self.rows, self._first_positions(shift), y if shift else None, shift)
         tok = sample(logits, self.rs, self._first_positions(shift))  # [B, 1]
+        if self.shadow is not None:
+            self.shadow.commit(hidden[:, -1:], tok, self._first_positions(shift))
         return tok, scored(logits, tok, self.rs)
 
     def capture_round(self) -> list[RoundResult]:
@@ -173,7 +194,12 @@ class BatchLoop:
         lps = scored(logits, targets, self.rs)
         mx.eval(targets) if lps is None else mx.eval(targets, lps)  # sync: the round's one host read
         toks = targets.tolist()  # sync: evaluated above
-        self.draft = self.drafter.capture(self.rows, hidden, mx.maximum(targets, 0))  # FAULT: see commit
+        if self.shadow is not None:  # the state the shadow rounds kept: the drafter's whole history
+            self.drafter.commit(self.shadow.state, 0, np.zeros(self.width, dtype=np.int64), hidden,
+                                mx.maximum(targets, 0))
+            self.draft, self.shadow = self.shadow.state, None
+        else:
+            self.draft = self.drafter.capture(self.rows, hidden, mx.maximum(targets, 0))  # FAULT: see commit
         results = [RoundResult(tokens=t, drafted=0, accepted=0) for t in toks]
         attach(results, lps, self.rs)
         return results

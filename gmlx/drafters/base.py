@@ -67,6 +67,7 @@ class Drafter(ABC):
     step_cost: float = 0.1
     drafts_replaceable: bool = False
     replays: bool = False  # offers `replay` (the lane's shadow rounds)
+    batch_replays: bool = False  # offers `replay_rows` (a gated batch's shadow rounds)
 
     @abstractmethod
     def start(self, rows: list, pres: list) -> object: ...
@@ -105,6 +106,12 @@ class Drafter(ABC):
         coupled with `rs`'s noise as a round's first draft is, the last one's at `last_position`;
         the entries are consumed (teacher forcing, as `draft` does). None: not offered (or nothing
         pending), and nothing consumed."""
+        return None
+
+    def replay_rows(self, st: object) -> tuple[mx.array, np.ndarray] | None:
+        """(every row; a gated batch's shadow rounds) [B, P]: the first draft each row's pending
+        entries would have proposed, greedy as a batch's drafts are, right-padded; and each row's
+        count of entries. Consumed as `replay` consumes them. None: not offered, or nothing pending."""
         return None
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from gmlx.kv import RaggedKVCache
 from gmlx.model_cache import extend_rows, filter_rows, trim_rows
 from gmlx.drafters.base import DraftPick, Drafter, concat_rows, ragged_append, take_rows_at
-from gmlx.sampling import draft_coupled
+from gmlx.sampling import draft_coupled, draft_greedy
 
 
 @dataclass(slots=True)
@@ -40,6 +40,7 @@ class MTPDrafter(Drafter):
     step_cost = 0.08  # MODEL_CARD.md: head step / target step 0.10 at batch 1
     drafts_replaceable = True  # commit: the verified tokens (and hidden states) only
     replays = True  # the lane's shadow rounds: `replay`
+    batch_replays = True  # a gated batch's shadow rounds: `replay_rows`
 
     def __init__(self, head, d_model: int):
         self.head = head
@@ -114,6 +115,16 @@ class MTPDrafter(Drafter):
         out = self._absorb(st)[:, :n]
         st.lengths = np.zeros_like(st.lengths)
         return draft_coupled(self.head.logits(out), rs, np.array([last_position - n + 1]))
+
+    def replay_rows(self, st: MTPRows) -> tuple[mx.array, np.ndarray] | None:
+        """(every row) The first draft each pending entry would have proposed, greedy as a batch's
+        drafts are: [B, P] right-padded, and each row's count of entries (consumed)."""
+        if st.hidden is None or not st.lengths.any():
+            return None
+        n = st.lengths.copy()
+        out = self._absorb(st)
+        st.lengths = np.zeros_like(n)
+        return draft_greedy(self.head.logits(out)), n
 
     def capture(self, rows, hidden: mx.array, targets: mx.array) -> MTPRows:
         b = hidden.shape[0]

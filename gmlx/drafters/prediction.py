@@ -201,6 +201,10 @@ class PredictionDrafter(Drafter):
     def replays(self) -> bool:
         return self.inner is not None and self.inner.replays
 
+    @property
+    def batch_replays(self) -> bool:
+        return self.inner is not None and self.inner.batch_replays
+
     # ---- the protocol ------------------------------------------------------------------------
     def _state(self, inner, rows: list[Alignment | None]) -> PredictionRows:
         return PredictionRows(inner, rows, any(a is not None for a in rows))
@@ -270,6 +274,10 @@ class PredictionDrafter(Drafter):
     def replay(self, st: PredictionRows, rs, last_position: int):
         """The inner drafter's (a re-armable row: no prediction, `rearms`)."""
         return None if st.any or self.inner is None else self.inner.replay(st.inner, rs, last_position)
+
+    def replay_rows(self, st: PredictionRows):
+        """The inner drafter's (a gated batch keeps shadow rounds only where no row has a prediction)."""
+        return None if st.any or self.inner is None else self.inner.replay_rows(st.inner)
 
     def commit(self, st: PredictionRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
         if self.inner is not None:

@@ -47,8 +47,8 @@ class Lanes:
                 self.mode = Mode.BATCHED if plan.arm_newcomers else Mode.GATED
             case Transition.PREEMPT:
                 self._preempt()
-            case Transition.GATE:
-                self.batch.disarm()
+            case Transition.GATE:  # within the cap, the drafter stays for shadow rounds
+                self.batch.disarm(keep=self.spec.shadows(self.batch.width + plan.admit, self.batch.rows))
                 self._enter(Mode.GATED, RowState.GATED)
             case Transition.RESUME:
                 assert self.mode is Mode.GATED and self.batch.lookahead is None, "resume needs a drained, gated batch"
@@ -82,10 +82,13 @@ class Lanes:
         """Queued requests join the batch, prefilled together (armed: the drafter drafts for them)."""
         if not rows:  # the queue emptied since the plan (cancellations)
             return
-        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=arm and self.wants_hidden)
+        # gated: they join its shadow rounds (gmlx/decode/batch_shadow.py), or start them in a new batch
+        shadow = not arm and self.wants_hidden and (self.batch.shadow is not None or not self.batch.rows) \
+            and self.spec.shadows(self.batch.width + len(rows), self.batch.rows + rows)
+        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=(arm or shadow) and self.wants_hidden)
         for row in ordered:
             transition(row, RowState.BATCHED if arm else RowState.GATED)
-        self.batch.add(ordered, cache, pres, arm=arm)
+        self.batch.add(ordered, cache, pres, arm=arm, shadow=shadow)
 
     # ---- the round and leaving ---------------------------------------------------------
     def run(self, kind: Round, width: int) -> list[RoundResult]:
@@ -95,7 +98,11 @@ class Lanes:
             return self.batch.speculative_round(self.spec.batch_k(width, self.batch.rows))
         if kind is Round.CAPTURE:
             return self.batch.capture_round()
-        return self.batch.plain_round(successor=kind is Round.PLAIN)
+        results = self.batch.plain_round(successor=kind is Round.PLAIN)
+        if self.batch.shadow is not None:  # last replay's records; the next replay, when due
+            self.spec.shadowed(width, self.batch.shadow.read(self.batch.rows))
+            self.batch.shadow.dispatch(self.batch.rows)
+        return results
 
     def retire(self) -> None:
         """Finished rows leave their lane, their KV into the prompt cache; an emptied lane idles."""

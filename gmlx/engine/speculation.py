@@ -10,6 +10,7 @@ ceiling: the control never speculates over it.
 
 from __future__ import annotations
 
+from gmlx.decode import batch_shadow
 from gmlx.policy.admission import Round
 from gmlx.policy.control import Choice, Controller, bucket, record_plain
 from gmlx.policy.costs import Costs
@@ -107,6 +108,19 @@ class Speculation:
         self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results], steady and kind in _TIMED)
         if timed:
             self._pending = (width, k, t0)
+
+    def shadowed(self, width: int, records: list[tuple[int, int]]) -> None:
+        """A gated batch's shadow records (gmlx/decode/batch_shadow.py) for the control."""
+        if self.control is not None:
+            self.control.shadowed(width, records)
+
+    def shadows(self, width: int, rows: list) -> bool:
+        """Whether a gated batch of this width with these rows keeps its drafter for shadow rounds:
+        the control is on, the drafter replays a batch, the cap lets the width speculate (a gate
+        over the cap has nothing to measure for), and no row has a prediction (its drafts are the
+        prediction's, and plain steps advance no alignment)."""
+        return (self.control is not None and batch_shadow.SHADOWS and self.drafter.batch_replays
+                and self.caps.current.allows(width) and not any(r.params.prediction for r in rows))
 
     def round_starts(self, t: float, width: int, steady: bool) -> None:
         """A round of `width` rows starts at t: the previous round's period ends here, and counts

@@ -198,6 +198,20 @@ class Controller:
         worth LONE_PRIOR_ROUNDS rounds, and then follows its own rounds at the usual rate (DECAY)."""
         return self.at(width).acceptance.copy(DECAY, LONE_PRIOR_ROUNDS)
 
+    def shadowed(self, width: int, records: list[tuple[int, int]]) -> None:
+        """A gated batch's shadow rounds (gmlx/decode/batch_shadow.py): the K = 1 rounds its plain
+        steps would have run, one (1, accepted) record per row and step — this width's acceptance,
+        and K = 1's tokens per row and round (grouped a width of records to a round, as a round's
+        rows are). Neither counts a round here: nothing ran but plain rounds."""
+        if not records:
+            return
+        wc = self.at(width)
+        for drafted, accepted in records:
+            wc.acceptance.record(drafted, accepted)
+        for i in range(0, len(records), width):
+            group = records[i:i + width]
+            wc.spec.add_tokens(1, 1.0 + sum(a for _, a in group) / len(group))
+
     def observe(self, width: int, k: int, seconds: float | None, rows: list[tuple[int, int]],
                 steady: bool = True) -> None:
         self.at(width).observe(k, seconds, rows, lambda: self._nearest_timed(bucket(width)) is not None, steady)
