@@ -62,7 +62,7 @@ Q_TABLE = ({1: 61.0, 2: 69.0, 4: 81.0, 8: 108.0},
            Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))
 TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-q": Q_TABLE}
 # a gated batch's plain round with shadow rounds (gmlx/decode/batch_shadow.py): 0.99-1.02x of one
-# without, float32 and 4-bit, widths 2 and 4, 6 interleaved runs each here on 2026-12-05
+# without, float32 and 4-bit, widths 2 and 4, 6 interleaved runs each here on 2026-12-05 (`--shadow-cost 2,4`)
 SHADOW = 1.01
 CAPTURE = 1.05  # a capture round: one verify position per row, with the hidden capture
 
@@ -165,6 +165,37 @@ def measure(lm, widths: list[int], repeats: int, n: int = 40) -> dict:
                           for k in (1, 2, 3)}} for w in widths}
 
 
+def shadow_cost(lm, widths: list[int], repeats: int = 6, n: int = 48) -> dict:
+    """SHADOW's figure on this machine: a gated batch's median plain round with shadow rounds over
+    one without (the engine with the control on and every width decided plain), interleaved."""
+    from gmlx.engine import speculation as spec_mod
+
+    decided = spec_mod.Speculation.plain_widths
+    spec_mod.Speculation.plain_widths = lambda self, width, rows, queued: frozenset(range(1, 64))
+    prompts = [p for kind in ("code", "chat") for p in prompt_sets(lm, "smollm2")[kind]]
+    per: dict = {}
+    try:
+        for rep in range(repeats):
+            for w in widths:
+                for on in ((True, False) if rep % 2 == 0 else (False, True)):
+                    batch_shadow.SHADOWS = on
+                    eng = Engine(lm, EngineConfig(prompt_cache_bytes=0), switches=Switches(control=True))
+                    for i in range(w):
+                        eng.submit(prompts[(rep * w + i) % len(prompts)],
+                                   SamplingParams(max_tokens=n, seed=0, ignore_eos=True), start=False)
+                    durs = []
+                    while eng.has_work:
+                        durs += [e.duration_s for e in eng.step() if e.kind.value == "round" and e.width == w]
+                        assert (eng.lanes.batch.shadow is not None) == on or not eng.lanes.batch.rows
+                    eng.close()
+                    per.setdefault((w, on), []).append(statistics.median(durs[2:-2]))
+    finally:
+        spec_mod.Speculation.plain_widths, batch_shadow.SHADOWS = decided, True
+    return {w: {"plain_ms": round(1000 * statistics.median(per[w, False]), 1), "with_shadows": round(
+        statistics.median(a / b for a, b in zip(per[w, True], per[w, False])), 3),
+        "per_repeat": [round(a / b, 3) for a, b in zip(per[w, True], per[w, False])]} for w in widths}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-f32", choices=("smollm2-f32", "smollm2-q"),
@@ -177,11 +208,16 @@ def main() -> None:
     ap.add_argument("--wall", type=int, default=0, metavar="N",
                     help="no simulated clock: N interleaved repeats in wall time (the rules' confirmation)")
     ap.add_argument("--measure", default=None, help="widths to time the table's rounds at (nothing simulated)")
+    ap.add_argument("--shadow-cost", default=None, help="widths to time a gated batch's rounds at, with shadow"
+                    " rounds and without (SHADOW's figure; nothing simulated)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
     a = ap.parse_args()
     lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
     if a.measure:
         print(measure(lm, [int(w) for w in a.measure.split(",")], repeats=4))
+        return
+    if a.shadow_cost:
+        print(shadow_cost(lm, [int(w) for w in a.shadow_cost.split(",")]))
         return
     clock = SimClock(a.model) if not a.wall else None
     if clock is not None:

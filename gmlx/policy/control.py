@@ -62,7 +62,9 @@ in full; a closed loop or a queue that refills the rows stops being charged).
 The lone request (the scalar loop) is decided on its own acceptance: its tokens per round at k are
 its own estimate's E(k) (per draft position, started from the pool's rates), so a request that
 accepts little goes plain while one that accepts much keeps drafting; decoding plain, it keeps
-measuring what its drafts would accept (gmlx/decode/shadow.py).
+measuring what its drafts would accept (gmlx/decode/shadow.py). So does a batch width decided
+plain: its gated rounds' drafter replays their steps, K = 1 records at that width (`shadowed`,
+gmlx/decode/batch_shadow.py), so a width sent plain on its answers' first rounds sees them change.
 
 Here: the figures shared per process and the per-engine Controller; one width's decision is
 gmlx/policy/width_control.py. Pure arithmetic over host-side figures: nothing here touches the
