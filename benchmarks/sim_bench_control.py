@@ -1,0 +1,93 @@
+"""`bench_control.py`'s sequence on `sim_control.py`'s simulated clock: one process for every repeat
+(the control's figures carry over from run to run, as in bench_control), its 8 package prompts,
+32-token requests, the arms plain / default / K = 1 every round interleaved (the order alternating),
+after the same warm-up. The tokens and decisions are the engine's; the clock is the model's table.
+
+Why: bench_control's never-lose cells move 3-15 % between repeats on this VM; a cell under plain
+there (the 4-bit model at c = 4, 2026-12-05: 0.96x, the default drafting 68-88 % of rounds) is a
+decision or the noise — on this clock only the decisions count.
+
+Run: ``python benchmarks/sim_bench_control.py --model smollm2-q --concurrency 2,4 [-v]`` (-v: each
+repeat's decisions, one line per change of width, K or reason). Prints per repeat and cell; writes
+bench_results/<utc>_sim_bench_control.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import gmlx  # noqa: F401  (OpenBLAS before mlx)
+from gmlx import Engine
+from gmlx.data import load_prompts
+from gmlx.decode import batch_shadow
+from gmlx.gguf.smollm2 import converted
+from gmlx.machine import describe
+from gmlx.models.loading import load
+from gmlx.policy import control
+
+import sim_control
+from bench_control import ARMS
+from common import closed_loop, command_line, write_result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-q", choices=("smollm2-f32", "smollm2-q"))
+    ap.add_argument("--concurrency", default="2,4")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("-v", action="store_true", help="print each repeat's decisions")
+    ap.add_argument("--no-shadows", action="store_true", help="a gated batch without shadow rounds (before 2026-12-05)")
+    a = ap.parse_args()
+    batch_shadow.SHADOWS = not a.no_shadows
+    lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
+    clock = sim_control.SimClock(a.model)
+    clock.install()
+    log: list = []
+    choose = control.Controller.choose
+
+    def logged(self, width, max_k, acceptance=None, remaining=(), drain_share=1.0):
+        ch = choose(self, width, max_k, acceptance, remaining, drain_share)
+        log.append((width, ch.k, ch.reason))
+        return ch
+
+    control.Controller.choose = logged
+    arms = ["plain", "default", "k1"]
+    prompts = [lm.tokenizer.encode(p) for p in load_prompts()][:8]
+
+    def run(arm, ps, c, n):
+        clock.t, clock.rounds = 0.0, Counter()
+        del log[:]
+        r = closed_loop(Engine(lm, ARMS[arm][0], switches=ARMS[arm][1]), ps, c, n)
+        return {"tok_s": r["tokens"] / clock.t, "rounds": {f"{w}:{k}": v for (w, k), v in clock.rounds.items()},
+                "decisions": list(log), "out": r["out"]}
+
+    for arm in arms:  # bench_control's warm-up
+        run(arm, prompts[:2], 2, 8)
+    cells = []
+    for c in [int(x) for x in a.concurrency.split(",")]:
+        reps = []
+        for rep in range(a.repeats):
+            res = {arm: run(arm, prompts, c, a.max_tokens) for arm in (arms if rep % 2 == 0 else arms[::-1])}
+            assert res["default"]["out"] == res["plain"]["out"] == res["k1"]["out"]
+            ratios = {arm: round(res[arm]["tok_s"] / res["plain"]["tok_s"], 3) for arm in ("default", "k1")}
+            print(f"c={c} rep {rep}: {ratios} default's rounds {sorted(res['default']['rounds'].items())}", flush=True)
+            if a.v:
+                last = None
+                for w, k, reason in res["default"]["decisions"]:
+                    if (w, k, reason.split(",")[0]) != last:
+                        print(f"   w{w} K={k} {reason}")
+                    last = (w, k, reason.split(",")[0])
+            reps.append({"ratios": ratios, "rounds": res["default"]["rounds"]})
+        cells.append({"c": c, "default_vs_plain": statistics.median(r["ratios"]["default"] for r in reps),
+                      "k1_vs_plain": statistics.median(r["ratios"]["k1"] for r in reps), "reps": reps})
+        print(f"== c={c}: default/plain {cells[-1]['default_vs_plain']:.3f}, k1/plain {cells[-1]['k1_vs_plain']:.3f}")
+    print(write_result(Path(__file__).resolve().parents[1] / "bench_results", "sim_bench_control",
+                       {"command": command_line("sim_bench_control.py", a), "machine": describe(), "cells": cells}))
+
+
+if __name__ == "__main__":
+    main()
