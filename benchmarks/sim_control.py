@@ -78,7 +78,8 @@ VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first 
             "tries10": [(width_control, "TRY_WITHIN", 1.0)],  # a batch tries a deeper K only if it could beat the best
             "geohope": [(width_control.WidthControl, "_hopes", lambda self, max_k, costs, acc, nearby, lone, drains: {
                 k: self.gain(k, costs, acc, nearby, lone, hope=lone)[0] * drains[k] for k in range(1, max_k + 1)
-                if len(self.spec.by_k.get(k, ())) < 3 or self.spec_rounds - self.last_run.get(k, 0) > 64})],
+                if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
+                or self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})],
             "within11": [(width_control, "LONE_TRY_WITHIN", 1.1)],  # ... only one whose hope is 10 % above the best
             "within125": [(width_control, "LONE_TRY_WITHIN", 1.25)],
             "noshadow": [(batch_shadow, "SHADOWS", False)],  # a gated batch measures nothing (before 2026-12-05)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from gmlx.decode.shadow import SHADOW_EVERY
+from gmlx.decode.shadow import SHADOW_EVERY, settled
 from gmlx.drafters.base import Drafter
 from gmlx.row import Row
 
@@ -89,9 +89,4 @@ class BatchShadow:
                 own = [int(t) for t in row_picks[int(n) - len(pos): int(n)]]
                 if rid in self.proposals:
                     self.proposals[rid].update(zip(pos, own))
-        records = []
-        for row in rows:
-            props, emitted = self.proposals.get(row.rid, {}), row.next_position
-            for q in sorted(q for q in props if q < emitted):
-                records.append((1, int(props.pop(q) == row.tokens[q - len(row.prompt)])))
-        return records
+        return [rec for row in rows for rec in settled(self.proposals.get(row.rid, {}), row)]

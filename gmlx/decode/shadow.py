@@ -65,6 +65,13 @@ class Shadow:
             picks = np.array(out)[0].tolist()  # sync: dispatched a plain round ago, computed before its step
             first = last - len(picks) + 1
             self.proposals.update((first + i, t) for i, t in enumerate(picks) if first + i >= self.start)
-        emitted = row.next_position
-        for q in sorted(q for q in self.proposals if q < emitted):
-            acceptance.record(1, int(self.proposals.pop(q) == row.tokens[q - len(row.prompt)]))
+        for drafted, accepted in settled(self.proposals, row):
+            acceptance.record(drafted, accepted)
+
+
+def settled(proposals: dict[int, int], row: Row) -> list[tuple[int, int]]:
+    """The proposals (position -> draft) whose token `row` has emitted, taken out in order: each a
+    K = 1 round's record, (1, 1) where the draft is the emitted token, else (1, 0)."""
+    emitted = row.next_position
+    return [(1, int(proposals.pop(q) == row.tokens[q - len(row.prompt)])) for q in sorted(q for q in proposals
+                                                                                          if q < emitted)]

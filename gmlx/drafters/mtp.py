@@ -106,25 +106,30 @@ class MTPDrafter(Drafter):
         st.hidden, st.lengths = ragged_append(st.hidden, old, hidden[:, :p], accepted + 1)
         st.tokens, _ = ragged_append(st.tokens, old, targets[:, :p], accepted + 1)
 
-    def replay(self, st: MTPRows, rs, last_position: int) -> mx.array | None:
-        """(one row) The first draft each pending entry would have proposed, [1, P]: the last one's
-        at `last_position`, drafted as a round's first draft is (coupled with `rs`'s noise)."""
-        if st.hidden is None or not st.lengths[0]:
-            return None
-        n = int(st.lengths[0])
-        out = self._absorb(st)[:, :n]
-        st.lengths = np.zeros_like(st.lengths)
-        return draft_coupled(self.head.logits(out), rs, np.array([last_position - n + 1]))
-
-    def replay_rows(self, st: MTPRows) -> tuple[mx.array, np.ndarray] | None:
-        """(every row) The first draft each pending entry would have proposed, greedy as a batch's
-        drafts are: [B, P] right-padded, and each row's count of entries (consumed)."""
+    def _replayed(self, st: MTPRows) -> tuple[mx.array, np.ndarray] | None:
+        """The head's output after each pending entry [B, P, D] (right-padded) and each row's count
+        of entries, consumed (teacher forcing, as `draft` runs them); None when nothing is pending."""
         if st.hidden is None or not st.lengths.any():
             return None
         n = st.lengths.copy()
         out = self._absorb(st)
         st.lengths = np.zeros_like(n)
-        return draft_greedy(self.head.logits(out)), n
+        return out, n
+
+    def replay(self, st: MTPRows, rs, last_position: int) -> mx.array | None:
+        """(one row) The first draft each pending entry would have proposed, [1, P]: the last one's
+        at `last_position`, drafted as a round's first draft is (coupled with `rs`'s noise)."""
+        replayed = self._replayed(st)
+        if replayed is None:
+            return None
+        out, n = replayed[0], int(replayed[1][0])
+        return draft_coupled(self.head.logits(out[:, :n]), rs, np.array([last_position - n + 1]))
+
+    def replay_rows(self, st: MTPRows) -> tuple[mx.array, np.ndarray] | None:
+        """(every row) The first draft each pending entry would have proposed, greedy as a batch's
+        drafts are: [B, P] right-padded, and each row's count of entries (consumed)."""
+        replayed = self._replayed(st)
+        return None if replayed is None else (draft_greedy(self.head.logits(replayed[0])), replayed[1])
 
     def capture(self, rows, hidden: mx.array, targets: mx.array) -> MTPRows:
         b = hidden.shape[0]

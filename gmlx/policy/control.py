@@ -203,8 +203,8 @@ class Controller:
     def shadowed(self, width: int, records: list[tuple[int, int]]) -> None:
         """A gated batch's shadow rounds (gmlx/decode/batch_shadow.py): the K = 1 rounds its plain
         steps would have run, one (1, accepted) record per row and step — this width's acceptance,
-        and K = 1's tokens per row and round (grouped a width of records to a round, as a round's
-        rows are). Neither counts a round here: nothing ran but plain rounds."""
+        and K = 1's tokens per row and round (the mean of each `width` records in turn: a round's
+        worth). Neither counts a round here: nothing ran but plain rounds."""
         if not records:
             return
         wc = self.at(width)
