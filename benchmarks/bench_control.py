@@ -23,6 +23,7 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.data import load_prompts
+from gmlx.decode import batch_shadow
 from gmlx.machine import describe
 from gmlx.models.loading import load
 
@@ -70,8 +71,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--arms", default=",".join(ARMS), help="a subset of the arms (plain and default always run)")
+    ap.add_argument("--no-shadows", action="store_true",
+                    help="a gated batch without shadow rounds (gmlx/decode/batch_shadow.py; before 2026-12-05)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
+    batch_shadow.SHADOWS = not a.no_shadows
     arms = [arm for arm in ARMS if arm in {"plain", "default", *a.arms.split(",")}]
     fixed = [arm for arm in arms if arm in FIXED]
     cs = [int(x) for x in a.concurrency.split(",")]

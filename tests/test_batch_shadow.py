@@ -164,3 +164,47 @@ def test_a_resume_continues_the_state_the_shadow_rounds_kept(lm, prompts, clean,
     monkeypatch.setattr(BatchLoop, "capture_round", capture_round)
     _gated_with_no_agreement(lm, {0: [("a", prompts[6], P(110)), ("b", prompts[7], P(110))]}, monkeypatch, True)
     assert True in seen, seen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_random_gates_and_resumes_with_shadows_keep_every_stream(lm, prompts, clean, monkeypatch, seed):
+    """The control's plain widths drawn at random every step (gates, resumes, admissions and
+    finishes into and out of shadowed stretches, a replay's consumed state merged with newcomers):
+    the shadow's state always has the batch's rows, and every stream equals its solo plain decode."""
+    import random
+
+    from gmlx.engine import speculation
+
+    rng = random.Random(seed)
+    monkeypatch.setattr(speculation.Speculation, "plain_widths",
+                        lambda self, width, rows, queued: frozenset(w for w in range(1, 9) if rng.random() < 0.5))
+    eng = on(lm, drafter="mtp")
+    widths = []
+
+    def check(run):
+        b = eng.lanes.batch
+        if b.shadow is not None:
+            widths.append(eng.lanes.drafter.width(b.shadow.state) == len(b.rows))
+
+    arrivals = {step: [(f"{step}-{i}", prompts[(step + i) % len(prompts)], P(rng.choice([6, 12, 20])))
+                       for i in range(rng.choice([1, 2]))] for step in range(0, 40, 2)}
+    run = drive(eng, arrivals, before_step=check)
+    check_solo(lm, run)
+    eng.close()
+    assert widths and all(widths), widths
+
+
+def test_a_merge_after_a_replay_consumed_every_pending_entry(lm, prompts):
+    """MTPDrafter.merge into a state with nothing pending (a shadow's replay consumed it): one
+    pending row per row, the newcomers' after (a gated batch admitting rows right after a replay)."""
+    drafter = select_drafter(lm, "mtp")
+    made = [make_row(lm, p, P(8)) for p in prompts[:3]]
+    for i, r in enumerate(made):
+        r.rid = i
+    rows, _, pres = Prefiller(lm.target, None, 512).prefill_many(made[:2], want_hidden=True)
+    st = drafter.start(rows, pres)
+    assert drafter.replay_rows(st) is not None and st.hidden is None
+    new_rows, _, new_pres = Prefiller(lm.target, None, 512).prefill_many(made[2:], want_hidden=True)
+    merged = drafter.merge(st, drafter.start(new_rows, new_pres))
+    assert merged.hidden.shape[0] == merged.tokens.shape[0] == len(merged.lengths) == 3 == merged.cache.batch_size
+    assert merged.lengths[:2].tolist() == [0, 0] and merged.lengths[2] == new_pres[0].hidden.shape[1]

@@ -60,9 +60,11 @@ class MTPDrafter(Drafter):
         return MTPRows(RaggedKVCache(len(pres)), concat_rows(hs), concat_rows(ts), np.array(lens, dtype=np.int64))
 
     def merge(self, a: MTPRows, b: MTPRows) -> MTPRows:
+        # a's rows before the extend: with nothing pending (a replay consumed it) a's padding is a's
+        n = a.cache.batch_size
+        ha = a.hidden if a.hidden is not None else mx.zeros((n, 1, self.d_model))
+        ta = a.tokens if a.tokens is not None else mx.zeros((n, 1), dtype=mx.int32)
         extend_rows([a.cache], [b.cache])
-        ha = a.hidden if a.hidden is not None else mx.zeros((a.cache.batch_size, 1, self.d_model))
-        ta = a.tokens if a.tokens is not None else mx.zeros((a.cache.batch_size, 1), dtype=mx.int32)
         return MTPRows(a.cache, concat_rows([ha, b.hidden]), concat_rows([ta, b.tokens]),
                        np.concatenate([a.lengths, b.lengths]))
 
