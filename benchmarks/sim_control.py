@@ -142,25 +142,36 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
         clock.rounds.items(), key=str)}, "out": r["out"]}
 
 
+def _mixed_prompts(lm) -> list:
+    return [p for kind in ("code", "chat") for p in prompt_sets(lm, "smollm2")[kind]]
+
+
+def _median_round(eng, prompts: list, w: int, rep: int, n: int, check=None) -> float:
+    """w requests of n tokens on `eng` (closed after), stepped to the end: the median duration of
+    its rounds at width w, the first and last two left out. `check(eng)` holds after every step."""
+    for i in range(w):
+        eng.submit(prompts[(rep * w + i) % len(prompts)], SamplingParams(max_tokens=n, seed=0, ignore_eos=True),
+                   start=False)
+    durs = []
+    while eng.has_work:
+        durs += [e.duration_s for e in eng.step() if e.kind.value == "round" and e.width == w]
+        assert check is None or check(eng)
+    eng.close()
+    return statistics.median(durs[2:-2])
+
+
 def measure(lm, widths: list[int], repeats: int, n: int = 40) -> dict:
     """The table's figures on this machine: median round duration per (width, K), control off,
     K fixed, interleaved repeats (the first and last two rounds of a run left out)."""
     arms = {0: EngineConfig(speculative=False, **FIXED)} | {k: EngineConfig(num_draft_tokens=k, **FIXED)
                                                              for k in (1, 2, 3)}
-    prompts = [p for kind in ("code", "chat") for p in prompt_sets(lm, "smollm2")[kind]]
+    prompts = _mixed_prompts(lm)
     per: dict = {}
     for rep in range(repeats):
         for w in widths:
             for k in (list(arms) if rep % 2 == 0 else list(arms)[::-1]):
                 eng = Engine(lm, arms[k], switches=Switches(control=False))
-                for i in range(w):
-                    eng.submit(prompts[(rep * w + i) % len(prompts)], SamplingParams(max_tokens=n, seed=0,
-                                                                                     ignore_eos=True), start=False)
-                durs = []
-                while eng.has_work:
-                    durs += [e.duration_s for e in eng.step() if e.kind.value == "round" and e.width == w]
-                eng.close()
-                per.setdefault((w, k), []).append(statistics.median(durs[2:-2]))
+                per.setdefault((w, k), []).append(_median_round(eng, prompts, w, rep, n))
     return {w: {"plain_ms": round(1000 * statistics.median(per[w, 0]), 1),
                 "ratio": {k: round(statistics.median(a / b for a, b in zip(per[w, k], per[w, 0])), 3)
                           for k in (1, 2, 3)}} for w in widths}
@@ -173,7 +184,7 @@ def shadow_cost(lm, widths: list[int], repeats: int = 6, n: int = 48) -> dict:
 
     decided = spec_mod.Speculation.plain_widths
     spec_mod.Speculation.plain_widths = lambda self, width, rows, queued: frozenset(range(1, 64))
-    prompts = [p for kind in ("code", "chat") for p in prompt_sets(lm, "smollm2")[kind]]
+    prompts = _mixed_prompts(lm)
     per: dict = {}
     try:
         for rep in range(repeats):
@@ -181,15 +192,8 @@ def shadow_cost(lm, widths: list[int], repeats: int = 6, n: int = 48) -> dict:
                 for on in ((True, False) if rep % 2 == 0 else (False, True)):
                     batch_shadow.SHADOWS = on
                     eng = Engine(lm, EngineConfig(prompt_cache_bytes=0), switches=Switches(control=True))
-                    for i in range(w):
-                        eng.submit(prompts[(rep * w + i) % len(prompts)],
-                                   SamplingParams(max_tokens=n, seed=0, ignore_eos=True), start=False)
-                    durs = []
-                    while eng.has_work:
-                        durs += [e.duration_s for e in eng.step() if e.kind.value == "round" and e.width == w]
-                        assert (eng.lanes.batch.shadow is not None) == on or not eng.lanes.batch.rows
-                    eng.close()
-                    per.setdefault((w, on), []).append(statistics.median(durs[2:-2]))
+                    per.setdefault((w, on), []).append(_median_round(eng, prompts, w, rep, n, check=lambda eng, on=on: (
+                        (eng.lanes.batch.shadow is not None) == on or not eng.lanes.batch.rows)))
     finally:
         spec_mod.Speculation.plain_widths, batch_shadow.SHADOWS = decided, True
     return {w: {"plain_ms": round(1000 * statistics.median(per[w, False]), 1), "with_shadows": round(

@@ -85,7 +85,7 @@ class Lanes:
         # gated: they join its shadow rounds (gmlx/decode/batch_shadow.py), or start them in a new batch
         shadow = not arm and self.wants_hidden and (self.batch.shadow is not None or not self.batch.rows) \
             and self.spec.shadows(self.batch.width + len(rows), self.batch.rows + rows)
-        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=(arm or shadow) and self.wants_hidden)
+        ordered, cache, pres = self.prefiller.prefill_many(rows, want_hidden=arm and self.wants_hidden or shadow)
         for row in ordered:
             transition(row, RowState.BATCHED if arm else RowState.GATED)
         self.batch.add(ordered, cache, pres, arm=arm, shadow=shadow)
