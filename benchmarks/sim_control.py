@@ -128,7 +128,7 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
     patched = [(obj, name, getattr(obj, name)) for obj, name, _ in VARIANTS.get(arm, [])]
     for obj, name, value in VARIANTS.get(arm, []):
         setattr(obj, name, value)
-    control._plain.clear(), control._spec.clear(), control._widths.clear()  # a fresh process
+    control.forget(lm.target)  # a fresh process
     if clock is not None:
         clock.t, clock.rounds = 0.0, Counter()
     try:

@@ -543,6 +543,26 @@ def schedule(prompts, n=48):
             3: [("c", prompts[2], P(n)), ("d", prompts[3], P(n, seed=4, t=0.8))]}
 
 
+def test_the_refills_an_engine_saw_carry_to_the_next_on_the_same_target(lm, prompts, clean):
+    """A closed loop (each finished request's place taken by the next at once) on one engine: the
+    drain charge's weight falls from the prior (1.0, every finish a drain). A new engine on the
+    same target (a bench's next cell, a server's next engine) starts from that share, not from the
+    prior; `forget` drops it with the rest of the target's figures."""
+    first = on(lm)
+    assert first.spec.refills.drain_share == 1.0
+    todo, live = [prompts[i % len(prompts)] for i in range(8)], []
+    while todo or live:
+        while todo and len(live) < 2:
+            live.append(first.submit(todo.pop(0), P(6 + 3 * len(todo)), start=False))  # finishes apart
+        first.step()
+        live = [s for s in live if not s.done]
+    seen = first.spec.refills.drain_share
+    assert seen < 0.6
+    assert on(lm).spec.refills.drain_share == seen
+    control.forget(lm.target)
+    assert on(lm).spec.refills.drain_share == 1.0
+
+
 def test_forced_plain_the_batch_gates_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch):
     forced(monkeypatch, spec_cost=6.0)  # a round of drafts costs six plain rounds: never pays
     eng = on(lm)

@@ -33,7 +33,8 @@ class Speculation:
         self._chosen_at = 0  # the width (bucket) it was made for
         self._pending: tuple | None = None  # (width, k, start) of the last round, until the next starts
         self._asked = 0  # the K the last speculative batch round was asked for
-        self.refills = Refills()  # whether finished rows' places are taken (the drain charge's weight)
+        # whether finished rows' places are taken (the drain charge's weight), counted per target
+        self.refills = Refills(self.control.tally if self.control is not None else None)
 
     def ceiling(self, width: int) -> int:
         """The most drafts per round at this width (explicit K, else calibrated, else default)."""

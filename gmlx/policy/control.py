@@ -78,6 +78,7 @@ import weakref
 
 from gmlx.policy.costs import Costs
 from gmlx.policy.choice import Choice
+from gmlx.policy.drain import Tally
 from gmlx.policy.figures import DECAY, LONE_DECAY, LONE_PRIOR_ROUNDS, PRIOR_WEIGHT, Acceptance, Times, bucket, owner
 from gmlx.policy.thresholds import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                     REFRESH_WINDOW, RETRY_AFTER, TRY_WITHIN)
@@ -98,6 +99,7 @@ __all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "REFRESH_FIRST", "RE
 _plain: "weakref.WeakKeyDictionary[object, dict[int, Times]]" = weakref.WeakKeyDictionary()
 _spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKeyDictionary()
 _widths: "weakref.WeakKeyDictionary[object, dict[tuple, WidthControl]]" = weakref.WeakKeyDictionary()
+_tallies: "weakref.WeakKeyDictionary[object, Tally]" = weakref.WeakKeyDictionary()  # refills seen (drain.py)
 
 
 # A choice settled at a width (held MIN_EVIDENCE rounds, no try or plain window pending) is
@@ -116,7 +118,7 @@ def record_plain(target: object, width: int, seconds: float) -> None:
 
 def forget(target: object) -> None:
     """Drop everything learnt for this target in this process (tests; a changed machine)."""
-    for d in (_plain, _spec, _widths):
+    for d in (_plain, _spec, _widths, _tallies):
         d.pop(owner(target), None)
 
 
@@ -129,6 +131,7 @@ class Controller:
         self._plain = _plain.setdefault(target, {})
         self._spec = _spec.setdefault(target, {})
         self._shared = _widths.setdefault(target, {})
+        self.tally = _tallies.setdefault(target, Tally())  # the drain charge's weight, shared likewise
         self.drafter_kind = drafter_kind
         self.widths: dict[int, WidthControl] = {}  # this engine's view of the shared per-width state
         self.switches = 0  # times a width's choice changed between plain and speculative

@@ -24,9 +24,11 @@ draining batch's last rounds decode plain, where speculating could only spread t
 Whether a finished row's place is taken is the traffic's, not the model's: `Refills` watches the
 batch's rows from step to step, and a row that finishes and is replaced within REFILL_STEPS steps
 counts as a refill (a closed loop, a queue), one that is not as a drain; the charge is weighted
-by the share of drains, a decayed count starting at one drain (the doubt to plain: an engine that
+by the share of drains, a decayed count starting at one drain (the doubt to plain: a process that
 has seen nothing charges fully, so a one-off burst decodes plain, while a server whose clients
-send the next request as one ends stops charging after a few).
+send the next request as one ends stops charging after a few). The count (`Tally`) is kept per
+target in the process, as the control's figures are: a bench's next cell or a server's next
+engine starts from the traffic the last one saw, not from the prior.
 
 Why the tail's narrower rounds being cheaper is not counted: it is the doubt to plain again (and
 on a CPU a round of 3 rows costs most of a round of 8). Budgets are upper bounds (a row may stop
@@ -76,19 +78,40 @@ def drain(remaining: Sequence[int], alpha: float, k: int, drain_share: float = 1
     return 1.0 - drain_share * (1.0 - top / (top + sd * expected_max(m)))
 
 
-class Refills:
-    """How often a finished row's place is taken: the share of drains (finishes not followed by
-    an admission within REFILL_STEPS steps) as a decayed count, seen from the batch's rows."""
+class Tally:
+    """The decayed counts of refills and drains behind the drain charge's weight; one per target
+    in the process (gmlx/policy/control.py), as the control's figures are: the traffic a server
+    or a bench sees outlives each engine, so the next engine starts from what the last one saw."""
 
     def __init__(self, decay: float = 0.9):
         self.refills, self.drains = 0.0, 1.0  # the prior: one drain (nothing says a request will come)
         self.decay = decay
+
+    @property
+    def drain_share(self) -> float:
+        return self.drains / (self.refills + self.drains)
+
+    def count(self, refill: bool) -> None:
+        self.refills *= self.decay
+        self.drains *= self.decay
+        if refill:
+            self.refills += 1.0
+        else:
+            self.drains += 1.0
+
+
+class Refills:
+    """How often a finished row's place is taken: finishes not followed by an admission within
+    REFILL_STEPS steps are drains, seen from one engine's batch rows, counted into a `Tally`."""
+
+    def __init__(self, tally: Tally | None = None):
+        self.tally = tally if tally is not None else Tally()
         self._rows: frozenset = frozenset()
         self._open: list[int] = []  # steps since each finish not yet followed by an admission
 
     @property
     def drain_share(self) -> float:
-        return self.drains / (self.refills + self.drains)
+        return self.tally.drain_share
 
     def step(self, rids: frozenset) -> None:
         """The batch's rows at this step (their ids): finishes and admissions since the last."""
@@ -97,15 +120,7 @@ class Refills:
         self._open = [n + 1 for n in self._open] + [0] * finished
         while self._open and self._open[0] > REFILL_STEPS:  # no one came in time: the batch drained
             self._open.pop(0)
-            self._count(refill=False)
+            self.tally.count(refill=False)
         for _ in range(min(admitted, len(self._open))):  # the oldest open finishes are refilled
             self._open.pop(0)
-            self._count(refill=True)
-
-    def _count(self, refill: bool) -> None:
-        self.refills *= self.decay
-        self.drains *= self.decay
-        if refill:
-            self.refills += 1.0
-        else:
-            self.drains += 1.0
+            self.tally.count(refill=True)
