@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="2,4")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--arms", default="plain,default,k1", help="bench_control's arms (plain first; k2, k3 too)")
     ap.add_argument("-v", action="store_true", help="print each repeat's decisions")
     ap.add_argument("--no-shadows", action="store_true", help="a gated batch without shadow rounds (before 2026-12-05)")
     a = ap.parse_args()
@@ -55,7 +56,7 @@ def main() -> None:
         return ch
 
     control.Controller.choose = logged
-    arms = ["plain", "default", "k1"]
+    arms = a.arms.split(",")
     prompts = [lm.tokenizer.encode(p) for p in load_prompts()][:8]
 
     def run(arm, ps, c, n):
@@ -72,19 +73,20 @@ def main() -> None:
         reps = []
         for rep in range(a.repeats):
             res = {arm: run(arm, prompts, c, a.max_tokens) for arm in (arms if rep % 2 == 0 else arms[::-1])}
-            assert res["default"]["out"] == res["plain"]["out"] == res["k1"]["out"]
-            ratios = {arm: round(res[arm]["tok_s"] / res["plain"]["tok_s"], 3) for arm in ("default", "k1")}
-            print(f"c={c} rep {rep}: {ratios} default's rounds {sorted(res['default']['rounds'].items())}", flush=True)
+            assert all(res[arm]["out"] == res["plain"]["out"] for arm in arms)
+            ratios = {arm: round(res[arm]["tok_s"] / res["plain"]["tok_s"], 3) for arm in arms[1:]}
+            shown = res["default" if "default" in res else arms[-1]]
+            print(f"c={c} rep {rep}: {ratios} rounds {sorted(shown['rounds'].items())}", flush=True)
             if a.v:
                 last = None
-                for w, k, reason in res["default"]["decisions"]:
+                for w, k, reason in shown["decisions"]:
                     if (w, k, reason.split(",")[0]) != last:
                         print(f"   w{w} K={k} {reason}")
                     last = (w, k, reason.split(",")[0])
-            reps.append({"ratios": ratios, "rounds": res["default"]["rounds"]})
-        cells.append({"c": c, "default_vs_plain": statistics.median(r["ratios"]["default"] for r in reps),
-                      "k1_vs_plain": statistics.median(r["ratios"]["k1"] for r in reps), "reps": reps})
-        print(f"== c={c}: default/plain {cells[-1]['default_vs_plain']:.3f}, k1/plain {cells[-1]['k1_vs_plain']:.3f}")
+            reps.append({"ratios": ratios, "rounds": shown["rounds"]})
+        cells.append({"c": c, **{f"{arm}_vs_plain": statistics.median(r["ratios"][arm] for r in reps) for arm in arms[1:]},
+                      "reps": reps})
+        print(f"== c={c}: " + ", ".join(f"{arm}/plain {cells[-1][arm + '_vs_plain']:.3f}" for arm in arms[1:]))
     print(write_result(Path(__file__).resolve().parents[1] / "bench_results", "sim_bench_control",
                        {"command": command_line("sim_bench_control.py", a), "machine": describe(), "cells": cells}))
 
