@@ -42,8 +42,11 @@ def main() -> None:
     ap.add_argument("--arms", default="plain,default,k1", help="bench_control's arms (plain first; k2, k3 too)")
     ap.add_argument("-v", action="store_true", help="print each repeat's decisions")
     ap.add_argument("--no-shadows", action="store_true", help="a gated batch without shadow rounds (before 2026-12-05)")
+    ap.add_argument("--variant", default=None, help="one of sim_control.py's VARIANTS, in force for the default arm")
     a = ap.parse_args()
     batch_shadow.SHADOWS = not a.no_shadows
+    for obj, name, value in sim_control.VARIANTS.get(a.variant, []):  # (no other arm reads the control's rules)
+        setattr(obj, name, value)
     lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
     clock = sim_control.SimClock(a.model)
     clock.install()

@@ -86,6 +86,18 @@ VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first 
             "keeponly": [(batch_shadow, "SHADOW_EVERY", 10 ** 9)],  # ... keeps its drafter for the resume, no records
             "ceil1": [(speculation.Speculation, "ceiling", lambda self, width: 1)]}  # K ceiling 1 at every width
 
+
+def _shadowed_no_explore(self, width, records, _real=control.Controller.shadowed):
+    """A gated width's shadow records count as its exploration: fresh K = 1 figures, so its plain
+    run starts over (no try from plain; a resume only on the figures)."""
+    _real(self, width, records)
+    if records:
+        self.at(width).plain_run = 0
+
+
+# a batch width's tokens per round at every K from its per-position acceptance model, not the rounds that ran K
+VARIANTS["modeltpr"] = [(width_control.WidthControl, "_seen", lambda self, k, acc, lone: acc.emitted(k))]
+VARIANTS["shexp"] = [(control.Controller, "shadowed", _shadowed_no_explore)]
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
 def bucket(width: int) -> int:
