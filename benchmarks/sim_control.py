@@ -28,7 +28,7 @@ import argparse
 import statistics
 import sys
 import types
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
@@ -39,7 +39,7 @@ from gmlx.engine import engine as engine_mod, lanes, speculation
 from gmlx.gguf.smollm2 import converted
 from gmlx.machine import describe
 from gmlx.models.loading import load
-from gmlx.policy import control, width_control
+from gmlx.policy import control, figures, width_control
 from gmlx.policy.admission import Round
 from gmlx.policy.costs import Costs
 
@@ -97,6 +97,31 @@ def _shadowed_no_explore(self, width, records, _real=control.Controller.shadowed
 
 # a batch width's tokens per round at every K from its per-position acceptance model, not the rounds that ran K
 VARIANTS["modeltpr"] = [(width_control.WidthControl, "_seen", lambda self, k, acc, lone: acc.emitted(k))]
+
+
+def _observe_calibrated(self, k, seconds, rows, ratio_lent=lambda: False, steady=True,
+                        _real=width_control.WidthControl.observe):
+    """The model's tokens per round at k, as predicted when each of k's rounds ran (for `calib`)."""
+    if k and rows and steady:
+        if not self.spec.tokens.get(k):
+            self.__dict__.setdefault("pred", {}).pop(k, None)
+        self.__dict__.setdefault("pred", {}).setdefault(k, deque(maxlen=2 * figures.WINDOW)).append(
+            self.acceptance.emitted(k))
+    _real(self, k, seconds, rows, ratio_lent, steady)
+
+
+def _seen_calibrated(self, k, acc, lone, _real=width_control.WidthControl._seen):
+    """k's tokens per round: the acceptance model now, times what k's rounds emitted over what the
+    model predicted for them when they ran (a figure gathered when k looked good is not taken as now)."""
+    real, pred = self.spec.tokens.get(k, ()), self.__dict__.get("pred", {}).get(k, ())
+    n = min(len(real), len(pred))
+    if lone or k < 2 or n < figures.MIN_SAMPLES:  # (K = 1's rounds and a gated width's shadow records: 1 + alpha)
+        return _real(self, k, acc, lone)
+    return acc.emitted(k) * sum(list(real)[-n:]) / sum(list(pred)[-n:])
+
+
+VARIANTS["calib"] = [(width_control.WidthControl, "observe", _observe_calibrated),
+                     (width_control.WidthControl, "_seen", _seen_calibrated)]
 VARIANTS["shexp"] = [(control.Controller, "shadowed", _shadowed_no_explore)]
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
