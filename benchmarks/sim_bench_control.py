@@ -8,7 +8,8 @@ there (the 4-bit model at c = 4, 2026-12-05: 0.96x, the default drafting 68-88 %
 decision or the noise — on this clock only the decisions count.
 
 Run: ``python benchmarks/sim_bench_control.py --model smollm2-q --concurrency 2,4 [-v]`` (-v: each
-repeat's decisions, one line per change of width, K or reason). Prints per repeat and cell; writes
+repeat's decisions, one line per change of width, K or reason; ``--arms plain,k1,k2,k3`` the fixed K's;
+``--variant NAME`` one of sim_control.py's rule variants for the default arm). Prints per repeat and cell; writes
 bench_results/<utc>_sim_bench_control.json.
 """
 
@@ -42,11 +43,9 @@ def main() -> None:
     ap.add_argument("--arms", default="plain,default,k1", help="bench_control's arms (plain first; k2, k3 too)")
     ap.add_argument("-v", action="store_true", help="print each repeat's decisions")
     ap.add_argument("--no-shadows", action="store_true", help="a gated batch without shadow rounds (before 2026-12-05)")
-    ap.add_argument("--variant", default=None, help="one of sim_control.py's VARIANTS, in force for the default arm")
+    ap.add_argument("--variant", default=None, help="one of sim_control.py's VARIANTS, in force for the default arm's runs")
     a = ap.parse_args()
     batch_shadow.SHADOWS = not a.no_shadows
-    for obj, name, value in sim_control.VARIANTS.get(a.variant, []):  # (no other arm reads the control's rules)
-        setattr(obj, name, value)
     lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
     clock = sim_control.SimClock(a.model)
     clock.install()
@@ -62,9 +61,14 @@ def main() -> None:
     arms = a.arms.split(",")
     prompts = [lm.tokenizer.encode(p) for p in load_prompts()][:8]
 
+    variant = sim_control.VARIANTS.get(a.variant, [])
+    shipped = [(obj, name, getattr(obj, name)) for obj, name, _ in variant]
+
     def run(arm, ps, c, n):
         clock.t, clock.rounds = 0.0, Counter()
         del log[:]
+        for obj, name, value in (variant if arm == "default" else shipped):  # the variant: the default arm's alone
+            setattr(obj, name, value)
         r = closed_loop(Engine(lm, ARMS[arm][0], switches=ARMS[arm][1]), ps, c, n)
         return {"tok_s": r["tokens"] / clock.t, "rounds": {f"{w}:{k}": v for (w, k), v in clock.rounds.items()},
                 "decisions": list(log), "out": r["out"]}
