@@ -95,7 +95,8 @@ __all__ = ["EXPLORE_FIRST", "MIN_EVIDENCE", "PLAIN_WINDOW", "REFRESH_FIRST", "RE
 # (a plain baseline, the previous bench cell, the last request) measured.
 # The choice in force, the acceptance and the exploration's back-off are kept per (target,
 # drafter kind) too: a new engine (the next bench cell, a new `Engine()` in a server process)
-# continues from the process's last decision instead of starting cold.
+# continues from the process's last decision instead of starting cold; and the drain charge's
+# tally of refills per target (drain.Tally), so its next engine is not charged as if new.
 _plain: "weakref.WeakKeyDictionary[object, dict[int, Times]]" = weakref.WeakKeyDictionary()
 _spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKeyDictionary()
 _widths: "weakref.WeakKeyDictionary[object, dict[tuple, WidthControl]]" = weakref.WeakKeyDictionary()
