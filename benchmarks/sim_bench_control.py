@@ -9,7 +9,8 @@ decision or the noise — on this clock only the decisions count.
 
 Run: ``python benchmarks/sim_bench_control.py --model smollm2-q --concurrency 2,4 [-v]`` (-v: each
 repeat's decisions, one line per change of width, K or reason; ``--arms plain,k1,k2,k3`` the fixed K's;
-``--variant NAME`` one of sim_control.py's rule variants for the default arm). Prints per repeat and cell; writes
+``--variant NAME`` one of sim_control.py's rule variants for the default arm; ``--wall`` the same sequence in
+wall time, its decisions logged as on the simulated clock). Prints per repeat and cell; writes
 bench_results/<utc>_sim_bench_control.json.
 """
 
@@ -43,12 +44,14 @@ def main() -> None:
     ap.add_argument("--arms", default="plain,default,k1", help="bench_control's arms (plain first; k2, k3 too)")
     ap.add_argument("-v", action="store_true", help="print each repeat's decisions")
     ap.add_argument("--no-shadows", action="store_true", help="a gated batch without shadow rounds (before 2026-12-05)")
+    ap.add_argument("--wall", action="store_true", help="this machine's clock instead (bench_control's noise; the decisions logged)")
     ap.add_argument("--variant", default=None, help="one of sim_control.py's VARIANTS, in force for the default arm's runs")
     a = ap.parse_args()
     batch_shadow.SHADOWS = not a.no_shadows
     lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
     clock = sim_control.SimClock(a.model)
-    clock.install()
+    if not a.wall:
+        clock.install()
     log: list = []
     choose = control.Controller.choose
 
@@ -70,7 +73,8 @@ def main() -> None:
         for obj, name, value in (variant if arm == "default" else shipped):  # the variant: the default arm's alone
             setattr(obj, name, value)
         r = closed_loop(Engine(lm, ARMS[arm][0], switches=ARMS[arm][1]), ps, c, n)
-        return {"tok_s": r["tokens"] / clock.t, "rounds": {f"{w}:{k}": v for (w, k), v in clock.rounds.items()},
+        return {"tok_s": r["tok_s"] if a.wall else r["tokens"] / clock.t, "spec_share": round(r["spec_share"], 2),
+                "rounds": {f"{w}:{k}": v for (w, k), v in clock.rounds.items()},
                 "decisions": list(log), "out": r["out"]}
 
     for arm in arms:  # bench_control's warm-up
@@ -83,7 +87,8 @@ def main() -> None:
             assert all(res[arm]["out"] == res["plain"]["out"] for arm in arms)
             ratios = {arm: round(res[arm]["tok_s"] / res["plain"]["tok_s"], 3) for arm in arms[1:]}
             shown = res["default" if "default" in res else arms[-1]]
-            print(f"c={c} rep {rep}: {ratios} rounds {sorted(shown['rounds'].items())}", flush=True)
+            print(f"c={c} rep {rep}: {ratios} drafting {shown['spec_share']:.0%} of rounds, rounds "
+                  f"{sorted(shown['rounds'].items())}", flush=True)
             if a.v:
                 last = None
                 for w, k, reason in shown["decisions"]:
@@ -94,7 +99,8 @@ def main() -> None:
         cells.append({"c": c, **{f"{arm}_vs_plain": statistics.median(r["ratios"][arm] for r in reps) for arm in arms[1:]},
                       "reps": reps})
         print(f"== c={c}: " + ", ".join(f"{arm}/plain {cells[-1][arm + '_vs_plain']:.3f}" for arm in arms[1:]))
-    print(write_result(Path(__file__).resolve().parents[1] / "bench_results", "sim_bench_control",
+    print(write_result(Path(__file__).resolve().parents[1] / "bench_results",
+                       "wall_bench_control" if a.wall else "sim_bench_control",
                        {"command": command_line("sim_bench_control.py", a), "machine": describe(), "cells": cells}))
 
 
