@@ -11,7 +11,7 @@ Run: ``python benchmarks/sim_bench_control.py --model smollm2-q --concurrency 2,
 repeat's decisions, one line per change of width, K or reason; ``--arms plain,k1,k2,k3`` the fixed K's;
 ``--variant NAME`` one of sim_control.py's rule variants for the default arm; ``--wall`` the same sequence in
 wall time, its decisions logged as on the simulated clock). Prints per repeat and cell; writes
-bench_results/<utc>_sim_bench_control.json.
+bench_results/<utc>_sim_bench_control.json (with --wall, _wall_bench_control.json).
 """
 
 from __future__ import annotations

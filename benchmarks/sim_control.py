@@ -122,6 +122,8 @@ def _seen_calibrated(self, k, acc, lone, _real=width_control.WidthControl._seen)
 
 VARIANTS["calib"] = [(width_control.WidthControl, "observe", _observe_calibrated),
                      (width_control.WidthControl, "_seen", _seen_calibrated)]
+
+
 def _tries_where_k1_clear(self, best, gains, hopes, within, _real=width_control.WidthControl._neighbour_to_try):
     """A batch width tries a deeper K only while the best is predicted at least 10 % above plain."""
     if within == width_control.TRY_WITHIN and gains[best] < 1.10:
@@ -130,6 +132,8 @@ def _tries_where_k1_clear(self, best, gains, hopes, within, _real=width_control.
 
 
 VARIANTS["gatedtries"] = [(width_control.WidthControl, "_neighbour_to_try", _tries_where_k1_clear)]
+
+
 VARIANTS["shexp"] = [(control.Controller, "shadowed", _shadowed_no_explore)]
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
