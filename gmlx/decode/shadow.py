@@ -72,6 +72,5 @@ class Shadow:
 def settled(proposals: dict[int, int], row: Row) -> list[tuple[int, int]]:
     """The proposals (position -> draft) whose token `row` has emitted, taken out in order: each a
     K = 1 round's record, (1, 1) where the draft is the emitted token, else (1, 0)."""
-    emitted = row.next_position
-    return [(1, int(proposals.pop(q) == row.tokens[q - len(row.prompt)])) for q in sorted(q for q in proposals
-                                                                                          if q < emitted)]
+    done = sorted(q for q in proposals if q < row.next_position)
+    return [(1, int(proposals.pop(q) == row.tokens[q - len(row.prompt)])) for q in done]
