@@ -19,7 +19,7 @@ import platform
 import sys
 import warnings
 
-from gmlx import switches
+from gmlx import small_gemm, switches
 from gmlx.errors import ConfigError
 
 _CANDIDATES = (
@@ -57,9 +57,11 @@ def ensure_loaded() -> str:
         return "reference"
     for name in _CANDIDATES:
         try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            blas = ctypes.CDLL(name)  # local first: the small-M kernel must precede it in the global scope
         except OSError:
             continue
+        small_gemm.load(blas)
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
         _state.update(blas="OpenBLAS", path=name, reason=None)
         return "OpenBLAS"
     _state.update(blas="reference", reason="libopenblas.so.0 not found")
@@ -96,7 +98,7 @@ def active_blas() -> str:
     """A one-line description of the BLAS MLX's CPU matmuls use in this process."""
     blas = ensure_loaded()
     if blas == "OpenBLAS":
-        return f"OpenBLAS ({_state['path']})"
+        return f"OpenBLAS ({_state['path']}); {small_gemm.state()}"
     if blas == "reference":
         return f"reference netlib BLAS ({_state['reason']})"
     return blas

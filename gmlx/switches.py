@@ -104,6 +104,7 @@ DEQUANTIZED_VERIFY = _on_off("GMLX_DEQUANTIZED_VERIFY", True, "a quantized targe
 DEQUANTIZED_DECODE = _on_off("GMLX_DEQUANTIZED_DECODE", None, "the twin's one-token steps too (on) or not (off)")
 COMPILE = _on_off("GMLX_COMPILE", True, "the sampler, acceptance and assistant draft graphs run through mx.compile")
 OPENBLAS = _on_off("GMLX_OPENBLAS", True, "load OpenBLAS for MLX's CPU matmuls at `import gmlx` (Linux)")
+SMALL_GEMM = _on_off("GMLX_SMALL_GEMM", True, "gmlx's small-M sgemm takes MLX's CPU matmuls of <= 8 rows (Linux)")
 CACHE = Switch("GMLX_CACHE", "a directory", None, "where GGUF conversions go (default ~/.cache/gmlx)", _text)
 CONFIG = Switch("GMLX_CONFIG", "a file path", None, "the user config (default ~/.config/gmlx/config.toml)", _text)
 API_KEY = Switch("GMLX_API_KEY", "a key", None, "serve's and bench --url's --api-key (typer reads it)", _text)
@@ -114,7 +115,7 @@ EAGLE3_LAYERS = Switch("GMLX_EAGLE3_LAYERS", "comma-separated layer indices", No
 DEBUG = _on_off("GMLX_DEBUG", False, "the CLI shows the full traceback on errors (as --debug)")
 
 SWITCHES: tuple[Switch, ...] = (PREEMPT, RESUME, WIDTH_CAP, CONTROL, TREE, ROUND_COSTS, DEQUANTIZED_VERIFY,
-                                DEQUANTIZED_DECODE, COMPILE, OPENBLAS, CACHE, CONFIG, API_KEY, DIST_TIMEOUT,
+                                DEQUANTIZED_DECODE, COMPILE, OPENBLAS, SMALL_GEMM, CACHE, CONFIG, API_KEY, DIST_TIMEOUT,
                                 EAGLE3_LAYERS, DEBUG)
 
 
