@@ -38,7 +38,16 @@ typedef float vf __attribute__((vector_size(LANES * 4)));
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                          float *, int);
 
-enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112, MR = 4, NR = 1, MAX_THREADS = 16, SPIN = 20000,
+#ifndef SPIN
+#define SPIN 2000 /* pauses (~20-60 us), then YIELDS sched_yield()s, then sleep */
+#endif
+#ifndef YIELDS
+#define YIELDS 200
+#endif
+#ifndef SLAB
+#define SLAB 32
+#endif
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112, MR = 4, NR = 1, MAX_THREADS = 16,
        PARALLEL_MIN = 1 << 16 /* N x K below this: one thread (waking another costs more) */ };
 
 static sgemm_fn blas_sgemm;
@@ -91,41 +100,58 @@ static inline __attribute__((always_inline)) void block(const struct job *j, int
   }
 ROWS(1) ROWS(2) ROWS(3) ROWS(4)
 
+/* Weight rows in slabs of SLAB (kept in L2 while every block of MR activation rows passes over
+   them: the weights stream from memory once whatever M). */
 static void columns(const struct job *j, int n0, int n1) {
-  for (int m0 = 0; m0 < j->M; m0 += MR) {
-    int mr = j->M - m0 < MR ? j->M - m0 : MR;
-    if (mr == 4) rows4(j, m0, n0, n1);
-    else if (mr == 3) rows3(j, m0, n0, n1);
-    else if (mr == 2) rows2(j, m0, n0, n1);
-    else rows1(j, m0, n0, n1);
+  for (int s0 = n0; s0 < n1; s0 += SLAB) {
+    int s1 = s0 + SLAB < n1 ? s0 + SLAB : n1;
+    for (int m0 = 0; m0 < j->M; m0 += MR) {
+      int mr = j->M - m0 < MR ? j->M - m0 : MR;
+      if (mr == 4) rows4(j, m0, s0, s1);
+      else if (mr == 3) rows3(j, m0, s0, s1);
+      else if (mr == 2) rows2(j, m0, s0, s1);
+      else rows1(j, m0, s0, s1);
+    }
   }
 }
 
-/* A pool of nthreads - 1 workers; the caller computes the first share. Workers spin a while
-   after a job (the next matmul of a step comes within microseconds), then sleep. */
+/* A pool of nthreads - 1 workers beside the caller. A job's columns are cut into slabs that
+   whoever is running takes in turn (an atomic counter): a worker the OS has not scheduled yet (a
+   shared or busy machine, several processes) delays nothing, the caller takes its slabs, and
+   waits only for slabs being computed. Workers spin briefly after a job (the next matmul of a
+   step comes within microseconds), yield the CPU for a while, then sleep. */
 static int nthreads, started;
 static long born;  /* the generation when the workers started (the first job is the next) */
 static struct job current;
 static atomic_long generation;
-static atomic_int pending, sleepers, busy;
+static atomic_int next_slab, done_slabs, slabs, active, sleepers, busy;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 
-static void share(const struct job *j, int part, int parts) {
-  int blocks = (j->N + NR - 1) / NR;
-  int b0 = (int)((long)blocks * part / parts), b1 = (int)((long)blocks * (part + 1) / parts);
-  int n0 = b0 * NR, n1 = b1 * NR < j->N ? b1 * NR : j->N;
-  if (n0 < n1) columns(j, n0, n1);
+static void take_slabs(const struct job *j) {
+  int total = atomic_load(&slabs), s;
+  while ((s = atomic_fetch_add(&next_slab, 1)) < total) {
+    int n0 = s * SLAB, n1 = n0 + SLAB < j->N ? n0 + SLAB : j->N;
+    columns(j, n0, n1);
+    atomic_fetch_add(&done_slabs, 1);
+  }
+}
+
+/* Wait for `ready()`: spin, then yield the CPU (others may need it more), then (workers) sleep. */
+static int waited(int spins) {
+  if (spins < SPIN) RELAX();
+  else sched_yield();
+  return spins + 1;
 }
 
 static void *worker(void *arg) {
-  int part = (int)(intptr_t)arg;
+  (void)arg;
   long seen = born;
   for (;;) {
     long g;
     for (int spins = 0; (g = atomic_load(&generation)) == seen;) {
-      if (++spins < SPIN) {
-        RELAX();
+      if (spins < SPIN + YIELDS) {
+        spins = waited(spins);
         continue;
       }
       pthread_mutex_lock(&lock);
@@ -136,8 +162,9 @@ static void *worker(void *arg) {
       break;
     }
     seen = g;
-    share(&current, part, nthreads);
-    atomic_fetch_sub(&pending, 1);
+    atomic_fetch_add(&active, 1);  /* the caller writes the next job only when no worker reads this one */
+    if (atomic_load(&generation) == g) take_slabs(&current);
+    atomic_fetch_sub(&active, 1);
   }
   return 0;
 }
@@ -146,20 +173,20 @@ static void after_fork_child(void) {  /* the workers are not in the child: start
   started = 0;
   atomic_store(&busy, 0);
   atomic_store(&sleepers, 0);
+  atomic_store(&active, 0);
   pthread_mutex_init(&lock, 0);
   pthread_cond_init(&wake, 0);
 }
 
-static int start(void) {
-  if (started) return nthreads;
+static void start(void) {
+  if (started) return;
   started = 1;
   born = atomic_load(&generation);
   for (int t = 1; t < nthreads; t++) {
     pthread_t id;
-    if (pthread_create(&id, 0, worker, (void *)(intptr_t)t) != 0) { nthreads = t; break; }
+    if (pthread_create(&id, 0, worker, 0) != 0) { nthreads = t; break; }
     pthread_detach(id);
   }
-  return nthreads;
 }
 
 static void run(const struct job *j) {
@@ -169,17 +196,20 @@ static void run(const struct job *j) {
     columns(j, 0, j->N);
     return;
   }
-  int parts = start();
+  start();
+  for (int spins = 0; atomic_load(&active) > 0;) spins = waited(spins);  /* a late worker leaves the last job */
   current = *j;
-  atomic_store(&pending, parts - 1);
+  atomic_store(&slabs, (j->N + SLAB - 1) / SLAB);
+  atomic_store(&next_slab, 0);
+  atomic_store(&done_slabs, 0);
   atomic_fetch_add(&generation, 1);
   if (atomic_load(&sleepers) > 0) {
     pthread_mutex_lock(&lock);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&lock);
   }
-  share(j, 0, parts);
-  while (atomic_load(&pending) > 0) RELAX();
+  take_slabs(j);
+  for (int spins = 0, total = atomic_load(&slabs); atomic_load(&done_slabs) < total;) spins = waited(spins);
   atomic_store(&busy, 0);
 }
 

@@ -1,0 +1,137 @@
+"""gmlx's small-M sgemm (gmlx/native/small_gemm.c; docs/cpu_kernel.md) against OpenBLAS alone, side
+by side: each setting runs in its own process (the kernel is chosen at `import gmlx`:
+GMLX_SMALL_GEMM=1 / 0), the two alternating, `--repeats` times.
+
+Parts (`--parts`):
+- matmul: a pass of `x @ W.T` over 60 float32 576 x 1536 weights (SmolLM2's MLP shape, 212 MB, more
+  than the caches hold) for each row count; the median of 15 passes, ms.
+- forward: SmolLM2-135M's forward of T tokens after a 200-token prompt (float32), the median of 12, ms.
+- smollm2: `bench_smollm2.py` (plain and the shipped head at width 1, code and chat prompts, greedy,
+  float32 and 4-bit), tok/s per arm and the head's speedup over plain in the same process.
+
+Run: ``python benchmarks/bench_cpu_kernel.py --repeats 2`` (--parts matmul,forward,smollm2; --smollm2-args
+passes bench_smollm2.py's options). Writes bench_results/<utc>_cpu_kernel.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
+TOKENS = (1, 2, 3, 4, 8)
+
+MATMUL = """
+import gmlx, json, sys, time, numpy as np, mlx.core as mx
+from gmlx import blas
+rng = np.random.default_rng(0)
+ws = [mx.array((rng.standard_normal((1536, 576)) * 0.02).astype(np.float32)) for _ in range(60)]
+mx.eval(ws)  # sync: setup
+out = {}
+for m in json.loads(sys.argv[1]):
+    x = mx.array(rng.standard_normal((m, 576)).astype(np.float32))
+    ts = []
+    for _ in range(15):
+        t = time.perf_counter()
+        mx.eval([x @ w.T for w in ws])  # sync: the timed pass
+        ts.append(time.perf_counter() - t)
+    out[m] = 1e3 * float(np.median(ts))
+print(json.dumps({"blas": blas.active_blas(), "ms": out}))
+"""
+
+FORWARD = """
+import gmlx, json, sys, time, numpy as np, mlx.core as mx
+from gmlx import blas
+from gmlx.gguf.smollm2 import converted
+from gmlx.models.loading import load
+from mlx_lm.models.cache import make_prompt_cache
+model = load(converted("float32")).target
+model = getattr(model, "model", model)
+cache = make_prompt_cache(model)
+mx.eval(model(mx.array([list(range(100, 300))]), cache=cache))  # sync: the prompt
+out = {}
+for t_ in json.loads(sys.argv[1]):
+    ts = []
+    for _ in range(12):
+        t = time.perf_counter()
+        mx.eval(model(mx.array([[5] * t_]), cache=cache))  # sync: the timed forward
+        ts.append(time.perf_counter() - t)
+        for c in cache:
+            c.trim(t_)
+    out[t_] = 1e3 * float(np.median(ts))
+print(json.dumps({"blas": blas.active_blas(), "ms": out}))
+"""
+
+
+def child(code: str, arg: str, kernel: bool) -> dict:
+    env = {**os.environ, "GMLX_SMALL_GEMM": "1" if kernel else "0"}
+    out = subprocess.run([sys.executable, "-c", code, arg], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def smollm2(args: str, kernel: bool) -> dict:
+    """bench_smollm2.py in a process of its own: per cell and prompt kind, plain's and the head's
+    tok/s, the head's speedup in that process, and whether every stream was plain's tokens."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GMLX_SMALL_GEMM": "1" if kernel else "0",
+               "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
+        subprocess.run([sys.executable, str(HERE / "bench_smollm2.py"), *args.split(), "--out", tmp], env=env,
+                       check=True, capture_output=True, text=True)
+        result = json.loads(next(Path(tmp).glob("*_smollm2.json")).read_text())
+    cells = {}
+    for name, cell in result["cells"].items():
+        for kind in ("code", "chat"):
+            s = cell["summary"][kind]
+            cells[f"{name}/{kind}"] = {arm: {"tok_s": v["tok_s_median"], "speedup": v["speedup_vs_plain"],
+                                             "same_tokens": v["same_tokens_as_plain"]} for arm, v in s.items()}
+    return {"blas": result["machine"]["blas"], "cells": cells}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="matmul,forward,smollm2")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--smollm2-args", default="--dtypes float32,q --temps 0 --arms plain,mtp --max-tokens 64 "
+                                              "--repeats 1 --code 2 --chat 2")
+    ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    a = ap.parse_args()
+    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE))
+    import gmlx  # noqa: F401  (OpenBLAS before mlx)
+    from gmlx.machine import describe
+    from common import command_line, write_result
+
+    runs: dict[str, list] = {}
+    for rep in range(a.repeats):
+        for kernel in (False, True) if rep % 2 == 0 else (True, False):  # alternating order
+            tag = "kernel" if kernel else "openblas"
+            for part in a.parts.split(","):
+                got = (child(MATMUL, json.dumps(ROWS), kernel) if part == "matmul" else
+                       child(FORWARD, json.dumps(TOKENS), kernel) if part == "forward" else
+                       smollm2(a.smollm2_args, kernel))
+                runs.setdefault(f"{part}/{tag}", []).append(got)
+                print(part, tag, json.dumps(got), flush=True)
+    summary = {}
+    for key, got in runs.items():
+        part = key.split("/")[0]
+        if part in ("matmul", "forward"):
+            summary[key] = {n: statistics.median(g["ms"][n] for g in got) for n in got[0]["ms"]}
+        else:
+            summary[key] = {cell: {arm: {f: statistics.median(g["cells"][cell][arm][f] for g in got)
+                                         for f in ("tok_s", "speedup", "same_tokens")}
+                                   for arm in arms} for cell, arms in got[0]["cells"].items()}
+    result = {"benchmark": "cpu_kernel", "command": command_line("bench_cpu_kernel.py", a), "machine": describe(),
+              "summary": summary, "runs": runs}
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {write_result(a.out, 'cpu_kernel', result)}")
+
+
+if __name__ == "__main__":
+    main()
