@@ -56,11 +56,11 @@ def model(name: str):
     return load(converted("float32" if name == "smollm2-f32" else "q"))
 
 
-def closed_loop(lm, arm: str, prompts: list, c: int, max_tokens: int) -> dict:
+def closed_loop(lm, arm: str, prompts: list, c: int, max_tokens: int, eos: bool = False) -> dict:
     config, switches = ARMS[arm]
     if lm.head is None and config.speculative is not False:
         config = dataclasses.replace(config, drafter="ngram")
-    return run_closed_loop(Engine(lm, config, switches=switches), prompts, c, max_tokens)
+    return run_closed_loop(Engine(lm, config, switches=switches), prompts, c, max_tokens, ignore_eos=not eos)
 
 
 def main() -> None:
@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--arms", default=",".join(ARMS), help="a subset of the arms (plain and default always run)")
     ap.add_argument("--no-shadows", action="store_true",
                     help="a gated batch without shadow rounds (gmlx/decode/batch_shadow.py; before 2026-12-05)")
+    ap.add_argument("--eos", action="store_true",
+                    help="requests stop at EOS (default: EOS ignored, every request its full --max-tokens, so plain's"
+                         " rows finish together and its refills prefill together: docs/cpu_kernel.md)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     batch_shadow.SHADOWS = not a.no_shadows
@@ -89,7 +92,7 @@ def main() -> None:
             reps = {arm: [] for arm in arms}
             for rep in range(a.repeats):
                 for arm in (arms if rep % 2 == 0 else arms[::-1]):
-                    r = closed_loop(lm, arm, prompts, c, a.max_tokens)
+                    r = closed_loop(lm, arm, prompts, c, a.max_tokens, a.eos)
                     reps[arm].append(r)
                     print(f"{name} c={c} rep {rep} {arm:8s} {r['tok_s']:7.1f} tok/s acc {r['acc']} drafting"
                           f" {r['spec_share']:.0%} of rounds  {r['speculation']}",

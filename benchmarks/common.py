@@ -85,12 +85,12 @@ def write_result(out: Path, name: str, result: dict) -> Path:
     return path
 
 
-def closed_loop(eng, prompts: list, c: int, max_tokens: int) -> dict:
+def closed_loop(eng, prompts: list, c: int, max_tokens: int, ignore_eos: bool = True) -> dict:
     """c requests of `prompts` in flight on `eng` (stepped here) until all are done; the engine is
     closed after. Aggregate tokens/s over first submit .. last end, acceptance (drafts accepted /
     drafted, None when none was drafted), the share of rounds that drafted, the last request's
     `speculation` stat, and every request's tokens in the order of `prompts` (`out`)."""
-    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=ignore_eos)
     todo, live, recs, streams = list(prompts), [], [], []
     t0 = time.perf_counter()
     while todo or live:

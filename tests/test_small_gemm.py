@@ -113,6 +113,28 @@ def test_two_threads_calling_at_once_both_get_their_products():
     assert not bad and not any(t.is_alive() for t in threads)
 
 
+@needs_kernel
+def test_back_to_back_jobs_from_two_processes_all_finish_with_their_products():
+    """Jobs handed to the pool back to back while another process competes for the cores (workers
+    preempted anywhere): each finishes, right. A worker that read a finished job's generation late
+    once took a slab of the next job while the caller was writing it, and the caller's reset of
+    the count of finished slabs lost that slab: the caller waited forever (seen once in CI, both
+    test processes spinning in the pool's wait; generations are now closed while a job is written)."""
+    code = ("import gmlx, numpy as np\nimport test_small_gemm as t\nrng = np.random.default_rng(0)\n"
+            "w = rng.standard_normal((256, 512)).astype(np.float32)\nx = rng.standard_normal((2, 512)).astype(np.float32)\n"
+            "want = x @ w.T\nc = np.zeros((2, 256), np.float32)\nbad = 0\nfor i in range(30000):\n"
+            "    t._sgemm(2, 256, 512, 1.0, x, 512, w, 512, 0.0, c, 256)\n"
+            "    bad += i % 100 == 0 and not np.allclose(c, want, rtol=1e-4, atol=1e-3)\nprint('bad', bad)")
+    env = {**_user_env(), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        [p.kill() for p in procs]
+    assert all(p.returncode == 0 and o.strip().endswith("bad 0") for p, o in zip(procs, outs)), outs
+
+
 @pytest.mark.skipif(not LINUX, reason="the kernel is built on Linux only")
 def test_the_users_environment_runs_decode_matmuls_through_the_kernel_and_large_ones_through_openblas():
     code = ("import gmlx, mlx.core as mx\nfrom gmlx import blas, small_gemm\nw = mx.ones((1536, 576))\n"

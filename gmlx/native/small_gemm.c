@@ -144,27 +144,32 @@ static int waited(int spins) {
   return spins + 1;
 }
 
+/* Generations: odd while the caller writes a job (closed), even once it is published (open). */
+static inline int open_job(long g, long seen) { return g != seen && (g & 1) == 0; }
+
 static void *worker(void *arg) {
   (void)arg;
   long seen = born;
   for (;;) {
     long g;
-    for (int spins = 0; (g = atomic_load(&generation)) == seen;) {
+    for (int spins = 0; !open_job(g = atomic_load(&generation), seen);) {
       if (spins < SPIN + YIELDS) {
         spins = waited(spins);
         continue;
       }
       pthread_mutex_lock(&lock);
       atomic_fetch_add(&sleepers, 1);
-      while ((g = atomic_load(&generation)) == seen) pthread_cond_wait(&wake, &lock);
+      while (!open_job(g = atomic_load(&generation), seen)) pthread_cond_wait(&wake, &lock);
       atomic_fetch_sub(&sleepers, 1);
       pthread_mutex_unlock(&lock);
       break;
     }
-    seen = g;
-    atomic_fetch_add(&active, 1);  /* the caller writes the next job only when no worker reads this one */
+    /* Counted in before reading the job: the caller closes the generation, then waits for no worker
+       inside, then writes - a worker that counts itself in after the close sees it closed. */
+    atomic_fetch_add(&active, 1);
     if (atomic_load(&generation) == g) take_slabs(&current);
     atomic_fetch_sub(&active, 1);
+    seen = g;
   }
   return 0;
 }
@@ -174,6 +179,7 @@ static void after_fork_child(void) {  /* the workers are not in the child: start
   atomic_store(&busy, 0);
   atomic_store(&sleepers, 0);
   atomic_store(&active, 0);
+  if (atomic_load(&generation) & 1) atomic_fetch_add(&generation, 1);  /* forked while a job was written */
   pthread_mutex_init(&lock, 0);
   pthread_cond_init(&wake, 0);
 }
@@ -197,12 +203,13 @@ static void run(const struct job *j) {
     return;
   }
   start();
-  for (int spins = 0; atomic_load(&active) > 0;) spins = waited(spins);  /* a late worker leaves the last job */
+  atomic_fetch_add(&generation, 1);  /* closed (odd): a worker waking late takes nothing of the last job... */
+  for (int spins = 0; atomic_load(&active) > 0;) spins = waited(spins);  /* ... and one inside it leaves */
   current = *j;
   atomic_store(&slabs, (j->N + SLAB - 1) / SLAB);
   atomic_store(&next_slab, 0);
   atomic_store(&done_slabs, 0);
-  atomic_fetch_add(&generation, 1);
+  atomic_fetch_add(&generation, 1);  /* open (even) */
   if (atomic_load(&sleepers) > 0) {
     pthread_mutex_lock(&lock);
     pthread_cond_broadcast(&wake);
