@@ -25,9 +25,9 @@ from gmlx.errors import ConfigError
 
 SOURCE = Path(__file__).parent / "native" / "small_gemm.c"
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-pthread")
-# Rows (tokens x batch rows) up to which the kernel runs: at 1 / 2 / 4 / 8 rows it took 0.40 / 0.41 /
-# 0.48 / 0.82 of OpenBLAS's time on 60 576 x 1536 weights here, at 16 rows 0.94, and in SmolLM2's
-# forward 16 tokens ran slower than OpenBLAS (docs/cpu_kernel.md).
+# Rows (tokens x batch rows) up to which the kernel runs: at 1 / 2 / 4 / 8 rows it took 0.53 / 0.49 /
+# 0.47 / 0.71 of OpenBLAS's time on 60 576 x 1536 weights here (bench_results/20261205T134913Z), and
+# with a limit of 16 SmolLM2's forward of 16 tokens ran slower than OpenBLAS's (docs/cpu_kernel.md).
 ROW_LIMIT = 8
 BUILD_SECONDS = 120
 
@@ -53,13 +53,7 @@ def _cpu() -> str:
 
 
 def _cache_dir() -> Path:
-    try:  # as gmlx.gguf.convert.cache_root (not imported here: it imports mlx)
-        chosen = switches.CACHE.value()
-    except ConfigError:
-        chosen = None
-    if chosen is not None:
-        return Path(chosen).expanduser() / "native"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "gmlx" / "native"
+    return switches.cache_root() / "native"
 
 
 def build() -> tuple[Path | None, str]:
@@ -102,13 +96,14 @@ def load(blas: ctypes.CDLL) -> bool:
         _state["reason"] = why
         return False
     try:
-        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        lib = ctypes.CDLL(str(path))  # local until it has the BLAS to pass calls to
+        threads = lib.gmlx_small_gemm_init(ctypes.c_void_p(blas._handle), ROW_LIMIT, 0)
+        if threads <= 0:
+            _state["reason"] = f"{blas._name} has no cblas_sgemm"
+            return False
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # now ahead of the BLAS for MLX's symbols
     except OSError as e:
         _state["reason"] = f"could not load it ({e})"
-        return False
-    threads = lib.gmlx_small_gemm_init(ctypes.c_void_p(blas._handle), ROW_LIMIT, 0)
-    if threads <= 0:
-        _state["reason"] = f"{blas._name} has no cblas_sgemm"
         return False
     _state.update(lib=lib, threads=threads, reason="")
     return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from gmlx.errors import ConfigError
 
@@ -113,6 +114,14 @@ DIST_TIMEOUT = Switch("GMLX_DIST_TIMEOUT", "seconds > 0 (unset: 300)", 300.0, "a
 EAGLE3_LAYERS = Switch("GMLX_EAGLE3_LAYERS", "comma-separated layer indices", None, "the layers EAGLE-3 reads",
                        _indices)
 DEBUG = _on_off("GMLX_DEBUG", False, "the CLI shows the full traceback on errors (as --debug)")
+
+def cache_root() -> Path:
+    """gmlx's cache directory: GMLX_CACHE, else $XDG_CACHE_HOME/gmlx (~/.cache/gmlx): GGUF
+    conversions (gmlx/gguf/convert.py) and the built small-M kernel (gmlx/small_gemm.py)."""
+    if (chosen := CACHE.value()) is not None:
+        return Path(chosen).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "gmlx"
+
 
 SWITCHES: tuple[Switch, ...] = (PREEMPT, RESUME, WIDTH_CAP, CONTROL, TREE, ROUND_COSTS, DEQUANTIZED_VERIFY,
                                 DEQUANTIZED_DECODE, COMPILE, OPENBLAS, SMALL_GEMM, CACHE, CONFIG, API_KEY, DIST_TIMEOUT,

@@ -54,8 +54,14 @@ def test_mlx_matmuls_match_float64_through_the_kernel_and_past_its_rows(m, k, n)
     rng = np.random.default_rng(m * 1000 + k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((n, k)).astype(np.float32)
+    before = small_gemm.counts()
     got = np.array(mx.array(x) @ mx.array(w).T)
     assert_close(got, x.astype(np.float64) @ w.T.astype(np.float64), dtype=mx.float32, msg=f"{m}x{k}x{n}")
+    ours, theirs = (a - b for a, b in zip(small_gemm.counts(), before))
+    if min(k, n) == 1:  # W.T is then contiguous as it stands: MLX passes it untransposed, to OpenBLAS
+        assert (ours, theirs) == (0, 1)
+    else:  # which one computed it
+        assert (ours, theirs) == ((1, 0) if m <= small_gemm.ROW_LIMIT else (0, 1))
 
 
 @needs_kernel

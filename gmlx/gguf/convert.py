@@ -134,13 +134,6 @@ def describe_origin(model_dir: str | Path) -> str | None:
     return f"GGUF {o.get('source')} ({types}; {kept}; sha256 {str(o.get('sha256'))[:12]})"
 
 
-def cache_root() -> Path:
-    if (chosen := switches.CACHE.value()) is not None:
-        return Path(chosen).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "gmlx"
-
-
 def cached_conversion(src: str | Path, dtype: str = "q") -> Path:
     """The converted directory for a GGUF file, converting it on first use (`--model FILE.gguf`).
 
@@ -153,7 +146,7 @@ def cached_conversion(src: str | Path, dtype: str = "q") -> Path:
     if dtype not in DTYPES:
         raise GGUFError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     sha = file_sha256(src)
-    out = cache_root() / "gguf" / f"{src.stem}-{dtype}-{sha[:16]}"
+    out = switches.cache_root() / "gguf" / f"{src.stem}-{dtype}-{sha[:16]}"
     if (out / "config.json").is_file():  # a finished conversion: directories appear only complete
         return out
     out = convert_gguf(src, out, dtype)
