@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from numerics import assert_close
+from user_path_helpers import user_env
 
 from gmlx import blas, small_gemm
 
@@ -26,10 +27,10 @@ needs_kernel = pytest.mark.skipif(not small_gemm.active(), reason=f"not in use h
 F, I, P = ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 
 
-def _user_env(**extra: str) -> dict[str, str]:
-    """The user's environment: no GMLX_* switch set (the tests' own pins dropped)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GMLX_")}
-    return {**env, "PYTHONPATH": str(ROOT), **extra}
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    """The user's environment (user_path_helpers.user_env: no pins, a fresh HOME and cache, so the
+    kernel is built there as on a first run), with this checkout and tests/ importable."""
+    return user_env(home, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", **extra)
 
 
 def _run(code: str, env: dict[str, str]) -> str:
@@ -120,7 +121,7 @@ def test_two_threads_calling_at_once_both_get_their_products():
 
 
 @needs_kernel
-def test_back_to_back_jobs_from_two_processes_all_finish_with_their_products():
+def test_back_to_back_jobs_from_two_processes_all_finish_with_their_products(tmp_path):
     """Jobs handed to the pool back to back while another process competes for the cores (workers
     preempted anywhere): each finishes, right. A worker that read a finished job's generation late
     once took a slab of the next job while the caller was writing it, and the caller's reset of
@@ -131,7 +132,7 @@ def test_back_to_back_jobs_from_two_processes_all_finish_with_their_products():
             "want = x @ w.T\nc = np.zeros((2, 256), np.float32)\nbad = 0\nfor i in range(30000):\n"
             "    t._sgemm(2, 256, 512, 1.0, x, 512, w, 512, 0.0, c, 256)\n"
             "    bad += i % 100 == 0 and not np.allclose(c, want, rtol=1e-4, atol=1e-3)\nprint('bad', bad)")
-    env = {**_user_env(), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    env = _env(tmp_path)
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     try:
@@ -142,11 +143,11 @@ def test_back_to_back_jobs_from_two_processes_all_finish_with_their_products():
 
 
 @pytest.mark.skipif(not LINUX, reason="the kernel is built on Linux only")
-def test_the_users_environment_runs_decode_matmuls_through_the_kernel_and_large_ones_through_openblas():
+def test_the_users_environment_runs_decode_matmuls_through_the_kernel_and_large_ones_through_openblas(tmp_path):
     code = ("import gmlx, mlx.core as mx\nfrom gmlx import blas, small_gemm\nw = mx.ones((1536, 576))\n"
             "mx.eval(mx.ones((2, 576)) @ w.T)  # sync: the test's\nmx.eval(mx.ones((64, 576)) @ w.T)  # sync: ditto\n"
             "print(blas.active_blas()); print(small_gemm.counts())")
-    out = _run(code, _user_env())
+    out = _run(code, _env(tmp_path))
     if "OpenBLAS" not in out:
         pytest.skip(f"no OpenBLAS here: {out}")
     assert "small-M kernel for <= 8 rows" in out, out
@@ -159,14 +160,14 @@ def test_the_users_environment_runs_decode_matmuls_through_the_kernel_and_large_
 def test_without_the_kernel_matmuls_run_on_openblas_and_the_reason_is_reported(env, reason, tmp_path):
     code = ("import gmlx, mlx.core as mx\nfrom gmlx import blas, small_gemm\n"
             "print(blas.active_blas()); print((mx.ones((2, 8)) @ mx.ones((3, 8)).T).tolist())  # sync: the test's")
-    out = _run(code, _user_env(GMLX_CACHE=str(tmp_path), **env))
+    out = _run(code, _env(tmp_path / "home", GMLX_CACHE=str(tmp_path), **env))
     assert f"small-M kernel off ({reason}" in out, out
     assert "[[8.0, 8.0, 8.0], [8.0, 8.0, 8.0]]" in out
     assert not list(tmp_path.glob("native/*.so"))
 
 
 @pytest.mark.skipif(not LINUX, reason="the kernel is built on Linux only")
-def test_a_forked_child_multiplies_after_the_parents_pool_ran():
+def test_a_forked_child_multiplies_after_the_parents_pool_ran(tmp_path):
     """The workers are not copied into a fork: the child starts its own on first use (a pool that
     waited for the parent's workers would hang the child)."""
     code = ("import gmlx, os, numpy as np\nfrom gmlx import small_gemm\nimport test_small_gemm as t\n"
@@ -175,7 +176,7 @@ def test_a_forked_child_multiplies_after_the_parents_pool_ran():
             "pid = os.fork()\nif pid == 0:\n    c[:] = 0\n    t._sgemm(2, 4096, 576, 1.0, a, 576, w, 576, 0.0, c, 4096)\n"
             "    os._exit(0 if (c == 576).all() else 3)\n_, status = os.waitpid(pid, 0)\n"
             "print(small_gemm.state(), 'child', status)")
-    out = _run(code, {**_user_env(), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"})
+    out = _run(code, _env(tmp_path))
     if "kernel off" in out:
         pytest.skip(out)
     assert out.strip().endswith("child 0"), out

@@ -38,16 +38,11 @@ typedef float vf __attribute__((vector_size(LANES * 4)));
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                          float *, int);
 
-#ifndef SPIN
-#define SPIN 2000 /* pauses (~20-60 us), then YIELDS sched_yield()s, then sleep */
-#endif
-#ifndef YIELDS
-#define YIELDS 200
-#endif
-#ifndef SLAB
-#define SLAB 32
-#endif
-enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112, MR = 4, NR = 1, MAX_THREADS = 16,
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112,
+       MR = 4,      /* activation rows per block, in registers */
+       SLAB = 32,   /* weight rows per slab: what one thread takes at a time, kept in L2 */
+       SPIN = 2000, /* a waiting thread's pauses (~20-60 us), then YIELDS sched_yield()s, then (workers) sleep */
+       YIELDS = 200, MAX_THREADS = 16,
        PARALLEL_MIN = 1 << 16 /* N x K below this: one thread (waking another costs more) */ };
 
 static sgemm_fn blas_sgemm;
@@ -70,33 +65,27 @@ static inline void store(const struct job *j, int m, int n, float s) {
   *c = j->beta == 0.0f ? j->alpha * s : j->alpha * s + j->beta * *c;  /* beta 0: C is not read (may be NaN) */
 }
 
-/* C[m0:m0+mr, n0:n0+nr]: mr x nr dot products over k, each weight row read once per block. */
-static inline __attribute__((always_inline)) void block(const struct job *j, int m0, int n0, int mr, int nr) {
-  vf acc[MR][NR];
-  const float *a[MR], *b[NR];
-  for (int m = 0; m < mr; m++) a[m] = j->A + (size_t)(m0 + m) * j->lda;
-  for (int n = 0; n < nr; n++) b[n] = j->B + (size_t)(n0 + n) * j->ldb;
-  for (int m = 0; m < mr; m++)
-    for (int n = 0; n < nr; n++) acc[m][n] = (vf){0};
+/* C[m0:m0+mr, n]: mr dot products over k with weight row n, read once for the block (more weight
+   rows per block measured slower: docs/cpu_kernel.md). */
+static inline __attribute__((always_inline)) void block(const struct job *j, int m0, int n, int mr) {
+  vf acc[MR];
+  const float *a[MR], *b = j->B + (size_t)n * j->ldb;
+  for (int m = 0; m < mr; m++) {
+    a[m] = j->A + (size_t)(m0 + m) * j->lda;
+    acc[m] = (vf){0};
+  }
   int kv = j->K - j->K % LANES;
   for (int k = 0; k < kv; k += LANES) {
-    vf bv[NR];
-    for (int n = 0; n < nr; n++) bv[n] = load(b[n] + k);
-    for (int m = 0; m < mr; m++) {
-      vf av = load(a[m] + k);
-      for (int n = 0; n < nr; n++) acc[m][n] += av * bv[n];
-    }
+    vf bv = load(b + k);
+    for (int m = 0; m < mr; m++) acc[m] += load(a[m] + k) * bv;
   }
-  for (int m = 0; m < mr; m++)
-    for (int n = 0; n < nr; n++) store(j, m0 + m, n0 + n, finish(acc[m][n], a[m], b[n], kv, j->K));
+  for (int m = 0; m < mr; m++) store(j, m0 + m, n, finish(acc[m], a[m], b, kv, j->K));
 }
 
-/* Constant block shapes, so that each is unrolled into registers. */
+/* Constant block heights, so that each is unrolled into registers. */
 #define ROWS(mr)                                                                           \
   static void rows##mr(const struct job *j, int m0, int n0, int n1) {                      \
-    int n = n0;                                                                            \
-    for (; n + NR <= n1; n += NR) block(j, m0, n, mr, NR);                                 \
-    for (; n < n1; n++) block(j, m0, n, mr, 1);                                            \
+    for (int n = n0; n < n1; n++) block(j, m0, n, mr);                                     \
   }
 ROWS(1) ROWS(2) ROWS(3) ROWS(4)
 
