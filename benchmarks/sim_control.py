@@ -41,26 +41,40 @@ from gmlx.machine import describe
 from gmlx.models.loading import load
 from gmlx.policy import control, figures, width_control
 from gmlx.policy.admission import Round
+from gmlx.policy import costs as costs_mod
 from gmlx.policy.costs import Costs
 
 from bench_matrix import prompt_sets
 from common import closed_loop as run_closed_loop, command_line, write_result
 
 # A round's period (start to next start), ms, by width bucket: plain, and K drafts as a ratio to it.
-# float32, width 1: steady runs of the scalar loop (docs/speculation.md, 2026-12-05: 1.15 / 1.35 /
-# 1.50); widths 2 and 4: `--measure 1,2,4` here on 2026-12-05 (4 interleaved repeats, 40 tokens;
-# round durations, with ~8 ms of host work per period added to plain); width 8 extrapolated.
-PLAIN = {1: 63.0, 2: 69.0, 4: 79.0, 8: 105.0}
-RATIO = {1: {1: 1.15, 2: 1.35, 3: 1.50}, 2: {1: 1.21, 2: 1.39, 3: 1.44}, 4: {1: 1.17, 2: 1.56, 3: 1.50},
-         8: {1: 1.25, 2: 1.60, 3: 1.70}}
-PROBE = Costs(verify=(1.0, 1.10, 1.22, 1.32), draft=0.02, source="measured (simulated)")  # the load probe here
-# 4-bit: `--model smollm2-q --measure 1,2,4` here on 2026-12-05 (durations; ~8 ms added to plain, as above),
-# width 1's ratios and the probe taken from those durations; width 8 extrapolated.
-Q_TABLE = ({1: 61.0, 2: 69.0, 4: 81.0, 8: 108.0},
-           {1: {1: 1.25, 2: 1.39, 3: 1.50}, 2: {1: 1.28, 2: 1.41, 3: 1.48}, 4: {1: 1.16, 2: 1.55, 3: 1.54},
-            8: {1: 1.25, 2: 1.60, 3: 1.70}},
-           Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))
-TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-q": Q_TABLE}
+# With gmlx's small-M kernel (docs/cpu_kernel.md): `--measure 1,2,4` here on 2026-12-05 (round
+# durations, control off, K fixed, 4 interleaved repeats of 40 tokens); the period's host work
+# outside a round (~1 ms at width 1 now: 30-34 tok/s plain end to end) is left out. Width 8:
+# extrapolated — its speculative rounds verify 16-32 rows, past the kernel's 8, as width 4's K = 2 / 3.
+PLAIN = {1: 30.6, 2: 39.2, 4: 44.6, 8: 58.0}
+RATIO = {1: {1: 1.33, 2: 1.56, 3: 1.88}, 2: {1: 1.38, 2: 1.69, 3: 1.88}, 4: {1: 1.54, 2: 2.46, 3: 2.45},
+         8: {1: 2.40, 2: 3.00, 3: 3.40}}
+# the load probe here (its figures on SmolLM2 with the kernel, 2026-12-05: a 48-token context; the
+# forwards of the 6-16 tokens that widths 2 and 4 verify at K = 1-3, gmlx/decode/probe.py)
+PROBE = Costs(verify=(1.0, 1.07, 1.28, 1.34), draft=0.04, source="measured (simulated)",
+              rows=((1, 1.0), (2, 1.07), (3, 1.28), (4, 1.34), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
+# 4-bit (its one-token steps through the float32 twin): `--model smollm2-q --measure 1,2,4`, as above.
+Q_TABLE = ({1: 32.0, 2: 35.3, 4: 45.0, 8: 58.0},
+           {1: {1: 1.20, 2: 1.46, 3: 1.66}, 2: {1: 1.41, 2: 1.81, 3: 1.97}, 4: {1: 1.52, 2: 2.54, 3: 2.51},
+            8: {1: 2.40, 2: 3.00, 3: 3.40}},
+           Costs(verify=(1.0, 1.02, 1.29, 1.30), draft=0.05, source="measured (simulated)",
+                 rows=((1, 1.0), (2, 1.02), (3, 1.29), (4, 1.30), (6, 1.60), (8, 1.84), (12, 3.01), (16, 3.01))))
+# Before the kernel (OpenBLAS, same commands, 2026-12-05 morning; ~8 ms of host work added to plain):
+OPENBLAS = {"smollm2-f32": ({1: 63.0, 2: 69.0, 4: 79.0, 8: 105.0},
+                            {1: {1: 1.15, 2: 1.35, 3: 1.50}, 2: {1: 1.21, 2: 1.39, 3: 1.44},
+                             4: {1: 1.17, 2: 1.56, 3: 1.50}, 8: {1: 1.25, 2: 1.60, 3: 1.70}},
+                            Costs(verify=(1.0, 1.10, 1.22, 1.32), draft=0.02, source="measured (simulated)")),
+            "smollm2-q": ({1: 61.0, 2: 69.0, 4: 81.0, 8: 108.0},
+                          {1: {1: 1.25, 2: 1.39, 3: 1.50}, 2: {1: 1.28, 2: 1.41, 3: 1.48},
+                           4: {1: 1.16, 2: 1.55, 3: 1.54}, 8: {1: 1.25, 2: 1.60, 3: 1.70}},
+                          Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))}
+TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-q": Q_TABLE} | {f"{m}-openblas": t for m, t in OPENBLAS.items()}
 # a gated batch's plain round with shadow rounds (gmlx/decode/batch_shadow.py): 0.99-1.02x of one
 # without, float32 and 4-bit, widths 2 and 4, 6 interleaved runs each here on 2026-12-05 (`--shadow-cost 2,4`)
 SHADOW = 1.01
@@ -84,7 +98,12 @@ VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first 
             "within125": [(width_control, "LONE_TRY_WITHIN", 1.25)],
             "noshadow": [(batch_shadow, "SHADOWS", False)],  # a gated batch measures nothing (before 2026-12-05)
             "keeponly": [(batch_shadow, "SHADOW_EVERY", 10 ** 9)],  # ... keeps its drafter for the resume, no records
-            "ceil1": [(speculation.Speculation, "ceiling", lambda self, width: 1)]}  # K ceiling 1 at every width
+            "ceil1": [(speculation.Speculation, "ceiling", lambda self, width: 1)],  # K ceiling 1 at every width
+            "tryfirst": [(width_control, "SHADOW_FIRST", False)],  # a new batch width tries K = 1 on the prior
+            "widthless": [(costs_mod.Costs, "at_width", lambda self, width: self)],  # width 1's costs at every width
+            # a width's K ceiling keeps its verify within the kernel's rows (width x (K + 1) <= 8)
+            "rowcap": [(speculation.Speculation, "ceiling", lambda self, width, _real=speculation.Speculation.ceiling:
+                        min(_real(self, width), max(1, 8 // width - 1)))]}
 
 
 def _shadowed_no_explore(self, width, records, _real=control.Controller.shadowed):
@@ -252,8 +271,8 @@ def shadow_cost(lm, widths: list[int], repeats: int = 6, n: int = 48) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-f32", choices=("smollm2-f32", "smollm2-q"),
-                    help="the simulated clock's table is the model's (TABLES)")
+    ap.add_argument("--model", default="smollm2-f32", choices=tuple(TABLES),
+                    help="the simulated clock's table is the model's (TABLES; -openblas: before the kernel)")
     ap.add_argument("--kinds", default="chat,code")
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -266,7 +285,7 @@ def main() -> None:
                     " rounds and without (SHADOW's figure; nothing simulated)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
     a = ap.parse_args()
-    lm = load(converted("float32" if a.model == "smollm2-f32" else "q"))
+    lm = load(converted("float32" if a.model.startswith("smollm2-f32") else "q"))
     if a.measure:
         print(measure(lm, [int(w) for w in a.measure.split(",")], repeats=4))
         return

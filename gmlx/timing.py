@@ -10,9 +10,10 @@ import time
 REPS = 5
 
 
-def fastest(fns: list, reps: int = REPS) -> list[float]:
-    """Each function's fastest wall time over `reps` interleaved turns, after one warm-up call each."""
-    for fn in fns:
+def fastest(fns: list, reps: int = REPS, warm: bool = True) -> list[float]:
+    """Each function's fastest wall time over `reps` interleaved turns, after one warm-up call each
+    (`warm`; False where others warmed the same kernels up)."""
+    for fn in fns if warm else ():
         fn()  # warm-up: kernels, allocator
     best = [float("inf")] * len(fns)
     for _ in range(reps):

@@ -811,3 +811,86 @@ def test_a_lone_request_tries_a_deeper_k_only_when_its_hope_reaches_the_best(mon
         ks.append(ctl.choose(1, 2, own).k)
         ctl.observe(1, ks[-1], 0.010 * (1.0, 1.15, 1.35)[ks[-1]], [(ks[-1], 0)])
     assert (2 in ks) is tries, ks
+
+
+ROWS = Costs(verify=(1.0, 1.1, 1.3, 1.3), draft=0.04, rows=((1, 1.0), (2, 1.1), (4, 1.3), (8, 2.4), (16, 3.2)))
+
+
+def test_a_batch_width_is_decided_on_the_costs_of_its_rows():
+    """The probe's forwards of the rows a width verifies (Costs.at_width): at width 1 K = 1 costs
+    1.14 steps and the prior's acceptance (0.6) predicts a gain; at width 4 it verifies 8 rows
+    against 4 (2.4 / 1.3 + the draft: 1.89 steps), a loss the control predicts before any round."""
+    ctl = fresh(ROWS)
+    assert ctl.choose(1, 3).k > 0
+    c = ctl.choose(4, 3)
+    assert c.k == 0 and c.best_spec[1] < width_control.TRY_FIRST, c.reason
+    assert fresh(ROWS).choose(4, 3, shadowed=True).best_spec[1] == pytest.approx(c.best_spec[1])
+
+
+@pytest.mark.parametrize("shadow_first", [True, False])
+def test_a_batch_width_whose_rounds_shadow_starts_plain_and_speculates_once_they_show_a_gain(monkeypatch,
+                                                                                              shadow_first):
+    """thresholds.SHADOW_FIRST: a batch width not decided yet, whose plain rounds would shadow
+    (their drafter replays the steps, K = 1 records), starts plain — counted plain before its
+    first choice too, so admission forms it gated — and speculates once its shadow records (every
+    draft agreeing here) predict a gain, after MIN_EVIDENCE rounds; without the rule, or where
+    nothing shadows, its first rounds try speculation on the prior. The lone request is no batch."""
+    monkeypatch.setattr(width_control, "SHADOW_FIRST", shadow_first)
+    ctl = fresh()
+    assert ctl.decided_plain(2, shadowed=True) is shadow_first and not ctl.decided_plain(2)
+    assert not ctl.decided_plain(1, shadowed=True)
+    assert fresh().choose(2, 3).k > 0  # nothing shadows: the first try
+    ks = []
+    for _ in range(2 * MIN_EVIDENCE):
+        ks.append(ctl.choose(2, 3, shadowed=True).k)
+        feed(ctl, 2, ks[-1], 0.010 * COSTS.round_cost(ks[-1]), accepted=ks[-1])
+        if ks[-1] == 0:
+            ctl.shadowed(2, [(1, 1)] * 2)
+    if shadow_first:
+        assert ks[:MIN_EVIDENCE] == [0] * MIN_EVIDENCE and ks[-1] > 0, ks
+    else:
+        assert ks[0] > 0, ks
+
+
+@pytest.mark.parametrize("shadowed", [True, False])
+def test_a_shadowed_width_explores_only_a_k_that_could_be_near_plain(shadowed):
+    """A width decided plain tries speculation again after EXPLORE_FIRST plain rounds — unless its
+    plain rounds shadow and the acceptance they measure predicts every K under TRY_FIRST: the try
+    would measure only the round's cost, which the rows' costs already say is a loss (an
+    exploration at SmolLM2 chat's 0.82x in the simulated engine cost 1 % of a 64-token burst)."""
+    ctl = fresh(ROWS)
+    tries = 0
+    for _ in range(EXPLORE_FIRST * 2):
+        c = ctl.choose(4, 3, shadowed=shadowed)
+        tries += c.exploring
+        feed(ctl, 4, c.k, 0.03 if c.k else 0.01, accepted=0)
+        if shadowed and c.k == 0:
+            ctl.shadowed(4, [(1, 0)] * 4)  # no draft would agree
+    assert (tries == 0) is shadowed, tries
+
+
+@pytest.mark.parametrize("shadow_first", [True, False])
+def test_a_new_batch_forms_gated_with_shadows_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch,
+                                                                           shadow_first):
+    """Two requests submitted together, nothing decided at width 2: under SHADOW_FIRST the batch
+    forms gated (admission reads the width as plain), its plain rounds shadow, and it speculates
+    once they predict a gain; without the rule its first round drafts. Every stream equals solo."""
+    monkeypatch.setattr(width_control, "SHADOW_FIRST", shadow_first)
+    forced(monkeypatch, spec_cost=1.05)
+    eng = on(lm, drafter="mtp")  # (the embedded model's assistant replays no batch: nothing shadows)
+    shadowing = []
+    real = eng.lanes.run
+
+    def run(kind, width):
+        shadowing.append(eng.lanes.batch.shadow is not None)
+        return real(kind, width)
+
+    monkeypatch.setattr(eng.lanes, "run", run)
+    run_ = drive(eng, {0: [("a", prompts[0], P(48)), ("b", prompts[1], P(48, seed=2, t=0.8))]})
+    check_solo(lm, run_)
+    drafted = [sum(d for _, d, _, _ in e.rows) for _, e in run_.rounds() if len(e.rows) == 2]
+    if shadow_first:
+        assert drafted[:MIN_EVIDENCE] == [0] * MIN_EVIDENCE and shadowing[0] and any(drafted), drafted
+    else:
+        assert drafted[0] > 0, drafted
+    eng.close()

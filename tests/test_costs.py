@@ -28,6 +28,25 @@ def test_emitted_and_speedup():
     assert CHEAP.verify_cost(6) == pytest.approx(1.3)  # extrapolated past the measured range
 
 
+ROWS = Costs(verify=(1.0, 1.1, 1.3, 1.3), draft=0.04, source="test",
+             rows=((1, 1.0), (2, 1.1), (3, 1.3), (4, 1.3), (8, 2.0), (16, 3.0)))
+
+
+def test_a_width_s_costs_are_read_off_the_forwards_of_its_rows():
+    """Width w's round of k drafts verifies w (k + 1) rows against a plain step's w: its cost is
+    t(w (k + 1)) / t(w), interpolated between the lengths the probe timed (a width-4 verify of K = 2,
+    12 rows, between 8 and 16), extrapolated past them; the drafter's step keeps its ratio."""
+    assert ROWS.at_width(1) is ROWS and CHEAP.at_width(4) is CHEAP  # nothing longer timed: the same costs
+    assert ROWS.row_cost(6) == pytest.approx(1.65) and ROWS.row_cost(32) == pytest.approx(5.0)
+    w2, w4 = ROWS.at_width(2), ROWS.at_width(4)
+    assert w2.verify == pytest.approx((1.0, 1.3 / 1.1, 1.65 / 1.1, 2.0 / 1.1)) and w2.draft == ROWS.draft
+    assert w4.verify == pytest.approx((1.0, 2.0 / 1.3, 2.5 / 1.3, 3.0 / 1.3))
+    assert w4.round_cost(2) > ROWS.round_cost(2) and "at width 4" in w4.source
+    assert ROWS.at_width(8).verify[1] == pytest.approx(3.0 / 2.0)  # 16 rows over 8
+    # a width's round is dearer than the lone request's: the speedup the model predicts is lower
+    assert w4.speedup(0.5, 1) < ROWS.speedup(0.5, 1)
+
+
 def test_best_k():
     assert CHEAP.best_k(0.6, 3) == 3
     assert CHEAP.best_k(0.2, 3) == 1
@@ -108,5 +127,10 @@ def test_probe_measures_every_length(lm, monkeypatch):
     assert len(costs.verify) == 4 and costs.verify[0] == 1.0
     assert all(b >= a for a, b in zip(costs.verify, costs.verify[1:]))  # a longer verify never costs less
     assert costs.draft >= 0 and costs.source.startswith("measured")
+    # and the rows widths 2 and 4 verify at K = 1-3 (Costs.rows), the verify's lengths among them
+    assert [n for n, _ in costs.rows] == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert [v for _, v in costs.rows][:4] == list(costs.verify)
+    assert all(b >= a for (_, a), (_, b) in zip(costs.rows, costs.rows[1:]))
+    assert [n for n, _ in probe.measure(lm.target, select_drafter(lm), 1).rows] == [1, 2, 4, 8]  # K = 1
     monkeypatch.setenv("GMLX_ROUND_COSTS", "prior")
     assert probe.round_costs(lm.target, select_drafter(lm), 3).verify == PRIOR.verify

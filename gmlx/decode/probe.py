@@ -33,6 +33,7 @@ from gmlx.policy.figures import owner  # filed under the model, not an engine's 
 from gmlx.timing import REPS, fastest
 
 _CONTEXT = 48
+LONG_REPS = 2
 _measured: "weakref.WeakKeyDictionary[Target, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -75,8 +76,9 @@ def reconfirmed(target: Target, drafter: Drafter, max_k: int) -> Costs:
 
 def measure(target: Target, drafter: Drafter | None, max_k: int, width: int = 1) -> Costs:
     """Costs at this batch width: rows of the same context decoding together (t(1) is then a
-    plain step of the whole batch, the unit a batch round is compared with)."""
-    ids = [(7 * i + 3) % target.vocab_size for i in range(_CONTEXT + max_k + 1)]
+    plain step of the whole batch, the unit a batch round is compared with). At width 1 also
+    forwards of the rows wider batches verify (`Costs.rows`)."""
+    ids = [(7 * i + 3) % target.vocab_size for i in range(_CONTEXT + 4 * (max_k + 1))]
     cache = target.make_cache()
     hidden = prefill(target, cache, [ids[: _CONTEXT - 1]] * width, _CONTEXT, want_hidden=True)
 
@@ -91,9 +93,19 @@ def measure(target: Target, drafter: Drafter | None, max_k: int, width: int = 1)
         return run
 
     t = fastest([forward(n) for n in range(1, max_k + 2)])
-    verify = tuple(np.maximum.accumulate([x / t[0] for x in t]).tolist())  # sync: none, numpy; a longer verify never costs less
+    # The rows a batch's rounds verify (policy/costs.py: a width's costs are read off them): widths 2
+    # and 4 at every K, past the verify's lengths; fastest of two turns, no warm-up (the verify's
+    # lengths warmed the kernels; a step of a few rows is what these show, not a few per cent):
+    # ~0.6 s more at load on SmolLM2 float32 with the CPU's kernel.
+    longer = sorted({w * (k + 1) for w in (2, 4) for k in range(1, max_k + 1)} - set(range(1, max_k + 2))) \
+        if width == 1 else []
+    t_long = fastest([forward(n) for n in longer], reps=LONG_REPS, warm=False) if longer else []
+    lengths = list(range(1, max_k + 2)) + longer
+    rel = np.maximum.accumulate([x / t[0] for x in t + t_long]).tolist()  # sync: none, numpy; a longer forward never costs less
+    verify = tuple(rel[: max_k + 1])
     draft = _draft_cost(drafter, cache, hidden, ids, max_k, width) / t[0] if drafter is not None else 0.0
-    return Costs(verify, draft, f"measured (width {width}, context {_CONTEXT}, fastest of {REPS})")
+    return Costs(verify, draft, f"measured (width {width}, context {_CONTEXT}, fastest of {REPS})",
+                 tuple(zip(lengths, rel)) if longer else ())
 
 
 def _draft_cost(drafter: Drafter, cache: list, hidden: mx.array, ids: list[int], max_k: int, width: int) -> float:

@@ -65,11 +65,13 @@ def decode_caps(v: list) -> CapDecision:
 
 
 def costs(sid: int, c: Costs) -> dict:
-    return {"k": COSTS, "sid": sid, "verify": list(c.verify), "draft": c.draft, "source": c.source}
+    return {"k": COSTS, "sid": sid, "verify": list(c.verify), "draft": c.draft, "source": c.source,
+            "rows": [list(p) for p in c.rows]}
 
 
 def costs_of(msg: dict) -> Costs:
-    return Costs(tuple(msg["verify"]), msg["draft"], msg["source"] + " on rank 0")
+    return Costs(tuple(msg["verify"]), msg["draft"], msg["source"] + " on rank 0",
+                 tuple((int(n), float(v)) for n, v in msg["rows"]))
 
 
 def hello(sid: int, config: EngineConfig, switches: Switches, fingerprint: str) -> dict:

@@ -54,11 +54,11 @@ class Speculation:
         asked = {live, live + queued, 1 + queued, queued} - {0}
         return frozenset(w for w in asked | ({batch_width} - {0})
                          if (w == batch_width and self.choice.k == 0)
-                         or (w != batch_width and self.control.decided_plain(w)))
+                         or (w != batch_width and self.control.decided_plain(w, self.shadows(w, rows))))
 
     def _choose(self, width: int, rows: list) -> None:
         self.choice = self.control.choose(width, self.ceiling(width), remaining=tuple(r.remaining for r in rows),
-                                          drain_share=self.refills.drain_share)
+                                          drain_share=self.refills.drain_share, shadowed=self.shadows(width, rows))
         self._chosen_at = bucket(width)
 
     @property

@@ -82,6 +82,7 @@ from gmlx.policy.drain import Tally
 from gmlx.policy.figures import DECAY, LONE_DECAY, LONE_PRIOR_ROUNDS, PRIOR_WEIGHT, Acceptance, Times, bucket, owner
 from gmlx.policy.thresholds import (EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
                                     REFRESH_WINDOW, RETRY_AFTER, TRY_WITHIN)
+from gmlx.policy import width_control
 from gmlx.policy.width_control import WidthControl
 
 # The rule's figures are named here with it (the per-width arithmetic is gmlx/policy/width_control.py,
@@ -164,7 +165,7 @@ class Controller:
         return Acceptance(alpha * PRIOR_WEIGHT, (1 - alpha) * PRIOR_WEIGHT, decay=decay)
 
     def choose(self, width: int, max_k: int, acceptance: Acceptance | None = None,
-               remaining: tuple[int, ...] = (), drain_share: float = 1.0) -> Choice:
+               remaining: tuple[int, ...] = (), drain_share: float = 1.0, shadowed: bool = False) -> Choice:
         """The k to run at this width now (at most `max_k`, the configured ceiling). Call once per
         round that runs at this width: the hysteresis and exploration count rounds. `remaining`:
         the rows' budgets left (a batch's), `drain_share`: how often a finished row's place stays
@@ -176,8 +177,9 @@ class Controller:
             return prev  # a settled choice, asked again by the same caller
         self._repeat = (asked, acceptance, wc.rounds)
         before = wc.current
-        choice = wc.choose(max_k, self.costs, acceptance, self._nearest_timed(bucket(width)), bucket(width),
-                           remaining, drain_share)
+        # (a batch width's costs: read off the probe's forwards of its rows, costs.Costs.at_width)
+        choice = wc.choose(max_k, self.costs.at_width(bucket(width)), acceptance, self._nearest_timed(bucket(width)),
+                           bucket(width), remaining, drain_share, shadowed)
         if before is not None and (before == 0) != (wc.current == 0):  # a plain window is no switch
             self.switches += 1
             self.switched.append((width, choice.reason))
@@ -194,10 +196,13 @@ class Controller:
                  and (wc.pairs.paired() or (wc.plain.median(0) is not None and wc.spec_timed()))]
         return min(timed, key=lambda x: (abs(x[0] - b), -x[0])) if timed else None
 
-    def decided_plain(self, width: int) -> bool:
-        """Whether the choice in force at this width is plain (a query: changes nothing)."""
+    def decided_plain(self, width: int, shadowed: bool = False) -> bool:
+        """Whether the choice in force at this width is plain (a query: changes nothing); a batch
+        width not decided yet counts as plain where its rounds would shadow: its first choice will
+        be plain (thresholds.SHADOW_FIRST), and a batch armed for it would gate after one round."""
         wc = self._shared.get((self.drafter_kind, bucket(width)))
-        return wc is not None and wc.current == 0
+        current = wc.current if wc is not None else None
+        return current == 0 or (current is None and shadowed and width > 1 and width_control.SHADOW_FIRST)
 
     def pooled(self, width: int) -> Acceptance:
         """A copy of this width's recent acceptance: a new lone request starts from its rates,

@@ -18,6 +18,16 @@ LONE_TRY_WITHIN = 1.0
 # 1.18x with it, code at c = 2 1.16x -> 1.20x, chat at c = 4 0.97x -> 0.99x; the lone request is
 # unchanged. Deeper K's follow from the measured acceptance (the tries, `_neighbour_to_try`).
 FIRST_K1 = True
+# A batch width whose plain rounds shadow (gmlx/decode/batch_shadow.py: the drafter replays their
+# steps, K = 1 records at that width) starts plain: what a first try would measure, the drafts'
+# acceptance, the shadows measure at ~1 % of a round, and the round's cost at that width comes
+# from the probe's forwards of its rows (policy/costs.py: Costs.at_width); it speculates once both
+# predict a gain (MARGIN, after MIN_EVIDENCE rounds). With the CPU's small-M kernel a try at the
+# prior's acceptance (0.6) cost more than it found: in the simulated engine (SmolLM2 float32, the
+# kernel's round costs, 64-token answers) chat at c = 4 ran 0.96x of plain with first tries. Such a
+# width explores (EXPLORE_FIRST) only a K predicted at least TRY_FIRST: an exploration at chat's
+# measured 0.82x only confirmed it.
+SHADOW_FIRST = True
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
 # ... and while plain is in force only for want of certainty — the best K predicted MARGIN above

@@ -13,9 +13,10 @@ from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import (MARGIN, MIN_SAMPLES, PAIR_SPAN, STAY, Z, Acceptance, Pairs, Times, gain_doubt,
                                  surely_pays)
-from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, LONE_POINT, LONE_TRY,
-                                    MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX,
-                                    REFRESH_WINDOW, RETRY_AFTER, TRY_FIRST, TRY_WITHIN, LONE_TRY_WITHIN, FIRST_K1)
+from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, LONE_POINT, LONE_TRY,
+                                    LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW,
+                                    REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, RETRY_AFTER, SHADOW_FIRST, TRY_FIRST,
+                                    TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
@@ -131,11 +132,11 @@ class WidthControl:
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
                nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
-               remaining: tuple[int, ...] = (), drain_share: float = 1.0) -> Choice:
+               remaining: tuple[int, ...] = (), drain_share: float = 1.0, shadowed: bool = False) -> Choice:
         """The k to run now (0: plain): the best predicted, kept by hysteresis; the tries, the
         exploration and the plain window of the module's doc. `remaining`: the batch's rows'
         budgets left, and the share of finishes not refilled, for the drain charge
-        (gmlx/policy/drain.py); a try needs room for its rounds."""
+        (gmlx/policy/drain.py); a try needs room for its rounds. `shadowed`: thresholds.SHADOW_FIRST."""
         acc = acceptance or self.acceptance
         alpha = acc.alpha
         ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
@@ -154,6 +155,8 @@ class WidthControl:
         unsure = bool(doubt) and gains[best_spec] >= MARGIN and not surely_pays(gains[best_spec], doubt)
         if point and best_spec:  # what is uncertain is the request's own acceptance (LONE_POINT)
             unsure = gains[best_spec] < MARGIN and gains[best_spec] * (1.0 + Z * acceptance_doubt(acc)) >= 1.0
+        if first_shadowed := SHADOW_FIRST and shadowed and not lone and cur is None:
+            best = 0  # plain: its shadow rounds measure what a try would (thresholds.SHADOW_FIRST)
         if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
             settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
             if (cur == 0) != (best == 0) and not settled:
@@ -176,10 +179,10 @@ class WidthControl:
         if trying:
             best = 1
         elif cur is None and best == 0 and best_spec and gains[best_spec] >= TRY_FIRST and not self._known() \
-                and not trusted and room:
+                and not trusted and room and not first_shadowed:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
-        elif best == 0 and cur == 0 and best_spec and self.plain_run >= (EXPLORE_SOON if unsure else
-                                                                         self.explore_after) and room:
+        elif best == 0 and cur == 0 and best_spec and self.plain_run >= (EXPLORE_SOON if unsure else self.explore_after) \
+                and room and (not shadowed or gains[best_spec] >= TRY_FIRST):  # (SHADOW_FIRST: a try measures no more)
             hopes = self._hopes(max_k, costs, acc, ratio, lone, drains)  # an untried K may be the one
             best = self._retry(max(hopes, key=lambda k: (hopes[k], -k))) if hopes and max(hopes.values()) > \
                 gains[best_spec] else best_spec
@@ -265,10 +268,8 @@ class WidthControl:
         not a steady-state round, e.g. a capture round); `rows`: (drafted, accepted) per row.
         `ratio_lent()`: whether another width has both times (asked only when the plain window
         would start). `steady`: no admission or transition just before it — only such rounds
-        count in the tokens per round, as only they count in the times: right after an admission
-        the new rows' drafters have little history (prompt lookup finds no loop yet), and a K
-        measured only there (the micro model's K=3: 1.5 tokens a round there, 3.8 later) was
-        never tried again."""
+        count in the tokens per round, as in the times: right after an admission the new rows'
+        drafters have little history (the micro model's K=3: 1.5 tokens a round there, 3.8 later)."""
         if seconds is not None:
             self.add_time(k, seconds)
         if k and rows and steady:
