@@ -116,6 +116,11 @@ class BatchLoop:
         self.shadow = BatchShadow(self.drafter, self.draft, self.rows) if keep and self.draft is not None else None
         self.draft = None
 
+    def drop_shadow(self) -> None:
+        """End the gated stretch's shadow rounds (a resume then rebuilds the drafter's state with
+        a capture round, as after a gate that kept nothing)."""
+        self.shadow = None
+
     def _resample(self) -> None:
         self.rs = RowSampling.from_params([r.params for r in self.rows], [r.seed for r in self.rows])
 

@@ -101,7 +101,10 @@ class Lanes:
         results = self.batch.plain_round(successor=kind is Round.PLAIN)
         if self.batch.shadow is not None:  # last replay's records; the next replay, when due
             self.spec.shadowed(width, self.batch.shadow.read(self.batch.rows))
-            self.batch.shadow.dispatch(self.batch.rows)
+            if self.spec.shadows(width, self.batch.rows):
+                self.batch.shadow.dispatch(self.batch.rows)
+            else:  # the width is far from paying: its shadows' cost buys nothing (Speculation.shadows)
+                self.batch.drop_shadow()
         return results
 
     def retire(self) -> None:

@@ -121,7 +121,8 @@ class Speculation:
         over the cap has nothing to measure for), and no row has a prediction (its drafts are the
         prediction's, and plain steps advance no alignment)."""
         return (self.control is not None and batch_shadow.SHADOWS and self.drafter.batch_replays
-                and self.caps.current.allows(width) and not any(r.params.prediction for r in rows))
+                and self.caps.current.allows(width) and not any(r.params.prediction for r in rows)
+                and not self.control.far_from_paying(width))
 
     def round_starts(self, t: float, width: int, steady: bool) -> None:
         """A round of `width` rows starts at t: the previous round's period ends here, and counts

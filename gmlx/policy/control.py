@@ -19,7 +19,8 @@ measured cheaper than a plain one (a 1.4x prediction for a 1.08x round). Before 
 lone request (width 1) takes the ratio from the load probe's costs (timed back to back); a batch
 width from the medians of the last WINDOW periods (a load spike moves one round, not the median),
 a T not measured yet coming from one that is, scaled by the cost model (`Costs.round_cost`: the
-probe's verify and drafter costs, or the built-in prior). A width where no speculative round is
+probe's verify and drafter costs, or the built-in prior; at a batch width read off the probe's
+forwards of the rows that width verifies, `Costs.at_width`). A width where no speculative round is
 timed yet takes the ratio from the nearest width where it is (the load probe times one request
 at width 1; as rows are added a verify costs relatively more), and a loss predicted from a
 narrower width is not tried first. The best k (gain, k = 0 counting 1) runs, with hysteresis giving the
@@ -65,6 +66,8 @@ accepts little goes plain while one that accepts much keeps drafting; decoding p
 measuring what its drafts would accept (gmlx/decode/shadow.py). So does a batch width decided
 plain: its gated rounds' drafter replays their steps, K = 1 records at that width (`shadowed`,
 gmlx/decode/batch_shadow.py), so a width sent plain on its answers' first rounds sees them change.
+A batch width whose rounds shadow starts plain (thresholds.SHADOW_FIRST): its shadow records
+measure the acceptance a first try would, and it speculates once they predict a gain.
 
 Here: the figures shared per process and the per-engine Controller; one width's decision is
 gmlx/policy/width_control.py. Pure arithmetic over host-side figures: nothing here touches the
@@ -203,6 +206,16 @@ class Controller:
         wc = self._shared.get((self.drafter_kind, bucket(width)))
         current = wc.current if wc is not None else None
         return current == 0 or (current is None and shadowed and width > 1 and width_control.SHADOW_FIRST)
+
+    def far_from_paying(self, width: int) -> bool:
+        """Whether this width has been plain SHADOW_SPAN rounds with every K predicted under
+        TRY_FIRST (a query): its shadow rounds, which had that long to see the drafts agree more,
+        then cost more than they can change — with the CPU's small-M kernel ~5-8 % of a SmolLM2
+        float32 run at c = 2-4 — and its exploration (EXPLORE_FIRST, doubling) measures instead."""
+        wc, c = self._shared.get((self.drafter_kind, bucket(width))), self.last.get(bucket(width))
+        return (wc is not None and c is not None and wc.current == 0 and wc.settled()
+                and wc.rounds_in_choice >= width_control.SHADOW_SPAN
+                and (c.best_spec is None or c.best_spec[1] < width_control.TRY_FIRST))
 
     def pooled(self, width: int) -> Acceptance:
         """A copy of this width's recent acceptance: a new lone request starts from its rates,

@@ -28,6 +28,11 @@ FIRST_K1 = True
 # width explores (EXPLORE_FIRST) only a K predicted at least TRY_FIRST: an exploration at chat's
 # measured 0.82x only confirmed it.
 SHADOW_FIRST = True
+# ... and a plain width's shadows stop after this many rounds where every K is predicted under
+# TRY_FIRST (control.far_from_paying): three replays' records (shadow.SHADOW_EVERY = 8) had their
+# chance to show the drafts agreeing more. With the kernel a gated SmolLM2 float32 batch's shadows
+# cost 5-8 % of its run at c = 2-4 (/tmp A/B, wall time), where the simulator had assumed 1 %.
+SHADOW_SPAN = 24
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
 # ... and while plain is in force only for want of certainty — the best K predicted MARGIN above
