@@ -894,3 +894,44 @@ def test_a_new_batch_forms_gated_with_shadows_and_every_stream_equals_solo(lm, p
     else:
         assert drafted[0] > 0, drafted
     eng.close()
+
+
+def test_a_width_far_from_paying_stops_its_shadows_after_their_span(monkeypatch):
+    """A plain width whose shadow records keep every K under TRY_FIRST drops its shadows after
+    SHADOW_SPAN rounds (control.far_from_paying: with the CPU's kernel they cost 5-8 % of a run),
+    and explores again instead; one whose shadows predict near plain keeps them."""
+    for accepted, far in ((0, True), (1, False)):
+        ctl = fresh(ROWS)
+        for i in range(width_control.SHADOW_SPAN + MIN_EVIDENCE):
+            c = ctl.choose(4, 3, shadowed=not ctl.far_from_paying(4))
+            if c.k:  # (every draft agreeing: the width speculates, and is no longer plain)
+                break
+            assert ctl.far_from_paying(4) is (far and i >= width_control.SHADOW_SPAN), i
+            feed(ctl, 4, 0, 0.01, accepted=0)
+            ctl.shadowed(4, [(1, accepted)] * 4)
+        assert ctl.far_from_paying(4) is far
+
+
+def test_a_batch_far_from_paying_drops_its_shadows_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch):
+    """A speculative round timed at 6 plain ones: once width 2 has measured that, its plain
+    stretch is predicted far under plain, and after SHADOW_SPAN rounds its batch decodes plain
+    without shadows (their replays' cost buys nothing); every stream equals its solo plain one."""
+    forced(monkeypatch, spec_cost=6.0)
+    monkeypatch.setattr(width_control, "EXPLORE_FIRST", 10 ** 6)
+    eng = on(lm, drafter="mtp")
+    kinds = []  # per batch round: (kind, a shadow kept)
+    real = eng.lanes.run
+
+    def run(kind, width):
+        kinds.append((kind.value, eng.lanes.batch.shadow is not None))
+        return real(kind, width)
+
+    monkeypatch.setattr(eng.lanes, "run", run)
+    run_ = drive(eng, {0: [("a", prompts[0], P(120)), ("b", prompts[1], P(120, seed=2, t=0.8))]})
+    check_solo(lm, run_)
+    said = "".join("x" if k == "speculative" else "S" if sh else "." for k, sh in kinds)
+    last_spec = said.rfind("x")
+    tail = said[last_spec + 1:]  # the plain stretch after the last speculative round
+    assert last_spec >= 0 and "S" in tail and tail.endswith("." * 16), said
+    assert len(tail.rstrip(".")) >= width_control.SHADOW_SPAN - 8, said  # the shadows had their span first
+    eng.close()
