@@ -20,7 +20,8 @@ LONE_TRY_WITHIN = 1.0
 FIRST_K1 = True
 # A batch width whose plain rounds shadow (gmlx/decode/batch_shadow.py: the drafter replays their
 # steps, K = 1 records at that width) starts plain: what a first try would measure, the drafts'
-# acceptance, the shadows measure at ~1 % of a round, and the round's cost at that width comes
+# acceptance, the shadows measure for less (1 % of a round with OpenBLAS, ~3-8 % with the kernel:
+# SHADOW_SPAN below, against a try's ~25 % on a chat answer), and the round's cost at that width comes
 # from the probe's forwards of its rows (policy/costs.py: Costs.at_width); it speculates once both
 # predict a gain (MARGIN, after MIN_EVIDENCE rounds). With the CPU's small-M kernel a try at the
 # prior's acceptance (0.6) cost more than it found: in the simulated engine (SmolLM2 float32, the
