@@ -71,10 +71,11 @@ def run_burst(lm, prompts, max_tokens: int, config: EngineConfig, switches: Swit
 
 
 def command_line(script: str, args) -> str:
-    """The command that reproduces a run (every option but --out)."""
+    """The command that reproduces a run (every option but --out; a flag only when set)."""
     return f"python benchmarks/{script} " + " ".join(
+        f"--{k.replace('_', '-')}" if v is True else
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items() if k != "out" and v is not None)
+        for k, v in vars(args).items() if k != "out" and v is not None and v is not False)
 
 
 def write_result(out: Path, name: str, result: dict) -> Path:
