@@ -22,6 +22,7 @@ little). The drafter's step keeps its ratio to the target's (both take w rows).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -60,6 +61,7 @@ class Costs:
         (n0, v0), (n1, v1) = pts[-2:]
         return v1 + (v1 - v0) * (n - n1) / (n1 - n0)
 
+    @functools.lru_cache(maxsize=64)  # (asked every round a width decides: the same few widths)
     def at_width(self, width: int) -> "Costs":
         """The costs of a round at this batch width (units: a plain step of the whole batch), read
         off `rows` (see the module's doc); these costs themselves where no longer length was timed."""
