@@ -205,7 +205,7 @@ class Controller:
         be plain (thresholds.SHADOW_FIRST), and a batch armed for it would gate after one round."""
         wc = self._shared.get((self.drafter_kind, bucket(width)))
         current = wc.current if wc is not None else None
-        return current == 0 or (current is None and shadowed and width > 1 and width_control.SHADOW_FIRST)
+        return current == 0 or (current is None and width_control.starts_plain(shadowed, lone=width <= 1))
 
     def far_from_paying(self, width: int) -> bool:
         """Whether this width has been plain SHADOW_SPAN rounds with every K predicted under

@@ -24,10 +24,14 @@ from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FA
 def acceptance_doubt(acc: Acceptance) -> float:
     """The relative standard error of a round's tokens from the acceptance's own count of drafts
     (binomial, first position): a lone request sent plain with a gain this near 1 explores again
-    soon (EXPLORE_SOON), as a chat answer's drafts agree 0.12 of the time over its first rounds and
-    ~0.3 later on SmolLM2."""
+    soon (EXPLORE_SOON; SmolLM2 chat drafts agree 0.12 of the time early, ~0.3 later)."""
     n, a = acc.successes + acc.failures, acc.alpha
     return (a * (1.0 - a) / n) ** 0.5 / (1.0 + a) if n > 0 else 0.0
+
+
+def starts_plain(shadowed: bool, lone: bool) -> bool:
+    """Whether a width not decided yet starts plain: a batch's whose rounds would shadow (SHADOW_FIRST)."""
+    return SHADOW_FIRST and shadowed and not lone
 
 
 class WidthControl:
@@ -155,7 +159,7 @@ class WidthControl:
         unsure = bool(doubt) and gains[best_spec] >= MARGIN and not surely_pays(gains[best_spec], doubt)
         if point and best_spec:  # what is uncertain is the request's own acceptance (LONE_POINT)
             unsure = gains[best_spec] < MARGIN and gains[best_spec] * (1.0 + Z * acceptance_doubt(acc)) >= 1.0
-        if first_shadowed := SHADOW_FIRST and shadowed and not lone and cur is None:
+        if first_shadowed := cur is None and starts_plain(shadowed, lone):
             best = 0  # plain: its shadow rounds measure what a try would (thresholds.SHADOW_FIRST)
         if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
             settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
@@ -217,10 +221,8 @@ class WidthControl:
 
     def _seen(self, k: int, acc: Acceptance, lone: bool) -> float:
         """k's tokens per row and round: measured here (the width's last rounds at k), else the
-        acceptance's model; the lone request's, its own acceptance's model (its prior the pool's
-        rates). Width 1's rounds are mostly the same request's lately: scaled by its acceptance
-        over the pool's (before 2026-12-05) they counted its streak twice — a chat request after
-        code ones went plain where K = 1 ran 1.10x (traced per K: docs/speculation.md)."""
+        acceptance's model; the lone request's, its own acceptance's model (not width 1's rounds
+        scaled by it: they counted its streak twice, docs/speculation.md)."""
         if lone:
             return acc.emitted(k)
         seen = self.spec.tokens_per_round(k)
@@ -228,10 +230,9 @@ class WidthControl:
 
     def _hopes(self, max_k: int, costs: Costs, acc: Acceptance, nearby, lone: bool,
                drains: dict[int, float]) -> dict[int, float]:
-        """The gain each k not measured lately could have — untried (fewer than MIN_SAMPLES rounds
-        timed), or stale (not run for RETRY_AFTER speculative rounds: a few unlucky rounds must not
-        shelve a K for good) — its deeper draft positions credited as if they always agreed once
-        reached (`Acceptance.emitted`), its tokens per round from the acceptance, not its old rounds."""
+        """The gain each k untried (under MIN_SAMPLES rounds timed) or stale (not run for RETRY_AFTER
+        speculative rounds: unlucky rounds must not shelve a K for good) could have: its deeper
+        positions credited as if they always agreed once reached (`Acceptance.emitted`)."""
         return {k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k]
                 for k in range(1, max_k + 1) if len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
                 or self.spec_rounds - self.last_run.get(k, 0) > RETRY_AFTER}
@@ -267,9 +268,8 @@ class WidthControl:
         """A round ran at this width with k drafts (0: plain) in `seconds` (None: timed later, or
         not a steady-state round, e.g. a capture round); `rows`: (drafted, accepted) per row.
         `ratio_lent()`: whether another width has both times (asked only when the plain window
-        would start). `steady`: no admission or transition just before it — only such rounds
-        count in the tokens per round, as in the times: right after an admission the new rows'
-        drafters have little history (the micro model's K=3: 1.5 tokens a round there, 3.8 later)."""
+        would start). `steady`: no admission or transition just before it — only such rounds count
+        in the tokens per round, as in the times (new rows' drafters have little history)."""
         if seconds is not None:
             self.add_time(k, seconds)
         if k and rows and steady:
