@@ -935,3 +935,18 @@ def test_a_batch_far_from_paying_drops_its_shadows_and_every_stream_equals_solo(
     assert last_spec >= 0 and "S" in tail and tail.endswith("." * 16), said
     assert len(tail.rstrip(".")) >= width_control.SHADOW_SPAN - 8, said  # the shadows had their span first
     eng.close()
+
+
+def test_unpinned_a_batch_is_decided_on_its_measured_rows_costs_and_every_stream_equals_solo(lm, prompts, clean,
+                                                                                             monkeypatch):
+    """As on a user's machine (the suite pins the prior: measured here): the load probe times the
+    rows widths 2 and 4 verify, the width-2 batch (the MTP head: it shadows, so it starts plain)
+    decides on the costs read off them, and every stream equals its solo plain one."""
+    monkeypatch.delenv("GMLX_ROUND_COSTS", raising=False)
+    eng = on(lm, drafter="mtp")
+    costs = eng.spec.control.costs
+    assert costs.source.startswith("measured") and [n for n, _ in costs.rows][-1] == 4 * (eng.k + 1)
+    run = drive(eng, {0: [("a", prompts[0], P(40)), ("b", prompts[1], P(40, seed=2, t=0.8))]})
+    check_solo(lm, run)
+    assert eng.spec.control.last[2].best_spec is not None  # width 2 was decided (on costs.at_width(2))
+    eng.close()
