@@ -8,6 +8,10 @@ bench_control's closed loop (8 prompts, every request the same budget, EOS ignor
 `--eos`); every arm starts from nothing learnt (a fresh process's state), arms interleaved per
 repeat with the order alternating; ratios are medians of per-repeat ratios to plain.
 
+`--arms` picks others: any arm with `-nohold` appended runs without admission's hold for grouped
+refills (gmlx/policy/admission.py HOLD_ROUNDS = 0; 2026-12-05, later), e.g. `--arms
+plain,plain-nohold,default,default-nohold,k1,k1-nohold`.
+
 Run: ``python benchmarks/bench_batch_rules.py --model smollm2-f32 --concurrency 2,4 --repeats 6``
 Writes bench_results/<utc>_batch_rules.json and .md.
 """
@@ -24,7 +28,7 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
 from gmlx.data import load_prompts
 from gmlx.machine import describe
-from gmlx.policy import control, costs, width_control
+from gmlx.policy import admission, control, costs, width_control
 
 import bench_control
 from common import command_line, write_result
@@ -34,16 +38,21 @@ ARMS = ("plain", "default", "before", "k1")
 
 @contextmanager
 def rules(arm: str):
-    """The engine's rules for this arm: `before` undoes the three, every other arm runs as shipped."""
-    saved = (costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST)
-    if arm == "before":
+    """The engine's rules for this arm: `before` undoes the three, `-nohold` the hold, every other
+    arm runs as shipped."""
+    saved = (costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST,
+             admission.HOLD_ROUNDS)
+    if arm.endswith("-nohold"):
+        admission.HOLD_ROUNDS = 0
+    if arm.removesuffix("-nohold") == "before":
         costs.Costs.at_width = lambda self, width: self
         control.Controller.far_from_paying = lambda self, width: False
         width_control.SHADOW_FIRST = False
     try:
         yield
     finally:
-        costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST = saved
+        (costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST,
+         admission.HOLD_ROUNDS) = saved
 
 
 def main() -> None:
@@ -53,8 +62,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--eos", action="store_true", help="requests stop at EOS (else every one runs its budget)")
+    ap.add_argument("--arms", default=",".join(ARMS), help="plain first; -nohold: without admission's hold")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
     a = ap.parse_args()
+    arms = tuple(a.arms.split(","))
+    assert arms[0] == "plain", "--arms starts with plain (the ratios' base)"
     lm = bench_control.model(a.model)
     prompts = [lm.tokenizer.encode(p) for p in load_prompts()][:8]
     cells = []
@@ -62,27 +74,31 @@ def main() -> None:
         runs = []
         for rep in range(a.repeats):
             run = {}
-            for arm in ARMS if rep % 2 == 0 else ARMS[::-1]:
+            for arm in arms if rep % 2 == 0 else arms[::-1]:
                 control.forget(lm.target)  # nothing learnt: each arm as a fresh process
+                base = arm.removesuffix("-nohold")
                 with rules(arm):
-                    r = bench_control.closed_loop(lm, "default" if arm == "before" else arm, prompts, c,
+                    r = bench_control.closed_loop(lm, "default" if base == "before" else base, prompts, c,
                                                   a.max_tokens, a.eos)
                 run[arm] = r
             same = all(r["out"] == run["plain"]["out"] for r in run.values())
             runs.append({arm: {"tok_s": r["tok_s"], "spec_share": r["spec_share"]} for arm, r in run.items()}
                         | {"same_tokens": same})
-            print(c, rep, {arm: round(run[arm]["tok_s"] / run["plain"]["tok_s"], 3) for arm in ARMS}, flush=True)
-        ratio = {arm: statistics.median(r[arm]["tok_s"] / r["plain"]["tok_s"] for r in runs) for arm in ARMS}
+            print(c, rep, {arm: round(run[arm]["tok_s"] / run["plain"]["tok_s"], 3) for arm in arms}, flush=True)
+        ratio = {arm: statistics.median(r[arm]["tok_s"] / r["plain"]["tok_s"] for r in runs) for arm in arms}
         cells.append({"c": c, "ratio": ratio, "same_tokens": all(r["same_tokens"] for r in runs), "runs": runs})
         print("==", c, {arm: round(v, 3) for arm, v in ratio.items()}, flush=True)
     result = {"command": command_line("bench_batch_rules.py", a), "machine": describe(), "cells": cells}
     path = write_result(a.out, "batch_rules", result)
+    vs = ("default", "before") if {"default", "before"} <= set(arms) else ("default", "default-nohold")
     lines = [f"`{result['command']}`", "", "Medians of per-repeat ratios to plain (wall time, interleaved);"
-             " `before`: the rules before 2026-12-05's batch-width changes", "",
-             "| c | " + " | ".join(ARMS) + " | default beat before | same tokens |", "|---|" + "---|" * (len(ARMS) + 2)]
+             " `before`: the rules before 2026-12-05's batch-width changes; `-nohold`: without admission's hold",
+             "", "| c | plain tok/s | " + " | ".join(arms) + f" | {vs[0]} beat {vs[1]} | same tokens |",
+             "|---|---|" + "---|" * (len(arms) + 2)]
     for cell in cells:
-        wins = sum(r["default"]["tok_s"] > r["before"]["tok_s"] for r in cell["runs"])
-        lines.append(f"| {cell['c']} | " + " | ".join(f"{cell['ratio'][arm]:.3f}" for arm in ARMS)
+        wins = sum(r[vs[0]]["tok_s"] > r[vs[1]]["tok_s"] for r in cell["runs"]) if set(vs) <= set(arms) else 0
+        rate = statistics.median(r["plain"]["tok_s"] for r in cell["runs"])
+        lines.append(f"| {cell['c']} | {rate:.1f} | " + " | ".join(f"{cell['ratio'][arm]:.3f}" for arm in arms)
                      + f" | {wins} of {len(cell['runs'])} | {cell['same_tokens']} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(path)

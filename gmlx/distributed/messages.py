@@ -49,7 +49,7 @@ def decode_params(v: list) -> SamplingParams:
 
 def encode_plan(plan: Plan) -> list:
     """The plan's substance; its `reason` is a note for events, not state."""
-    return [[t.value for t in plan.transitions], plan.admit, int(plan.arm_newcomers), plan.round.value]
+    return [[t.value for t in plan.transitions], plan.admit, int(plan.arm_newcomers), plan.round.value, int(plan.held)]
 
 
 def plan_digest(plan: Plan) -> int:

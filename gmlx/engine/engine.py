@@ -87,6 +87,7 @@ class Engine:
         self.listeners: list[Callable[[Event], None]] = []
         self._events: list[Event] | None = None  # this step's events, when someone wants them
         self.service = Service(self, self.config.max_queued, self.speculative, self.peers.heartbeat_s)
+        self._held = 0
 
     # ---- the caller's side (thread-safe) -----------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None, *, start: bool = True) -> Stream:
@@ -143,8 +144,7 @@ class Engine:
 
     # ---- one step: schedule -> run -> postprocess --------------------------------------
     def step(self) -> list[Event]:
-        """One round: reap cancellations, plan, apply the transitions, run the round, retire.
-        Returns the step's events (a caller driving the engine reads them)."""
+        """One round (plan, transitions, round, retire); its events, for a caller driving the engine."""
         return self._step(want_events=True)
 
     def advance(self) -> None:
@@ -158,6 +158,7 @@ class Engine:
             self._events = events = [] if want_events else None
             # schedule: reap the cancellations, plan (the same plan on every rank of a distributed run)
             plan = self.peers.agree(self._inputs, self._decide)
+            self._held = self._held + 1 if plan.held else 0  # rounds the queue has waited (admission.holds)
             # run: the plan's transitions and admissions, then its round
             self._apply(plan)
             trace.mark("admission")
@@ -172,8 +173,7 @@ class Engine:
         return events or []
 
     def _inputs(self) -> Inputs:
-        """This process's inputs for the step: the queue's snapshot and the cap decision (read once
-        per round: the env and the user config may change live)."""
+        """This process's inputs for the step: the queue's snapshot, the cap decision (read live)."""
         return Inputs(*self.service.snapshot(), self.caps.read())
 
     def _decide(self, inputs: Inputs) -> Plan:
@@ -193,8 +193,8 @@ class Engine:
             mode=self.mode, width=len(live), queued=queued, cap=self.caps.current.cap,
             speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
             lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
-            min_remaining=min((r.remaining for r in live), default=0),
-            resume_min_remaining=self.config.resume_min_remaining)
+            min_remaining=min((r.remaining for r in live), default=0), remaining=tuple(r.remaining for r in live),
+            resume_min_remaining=self.config.resume_min_remaining, refilled=self.spec.refilled(queued), held=self._held)
 
     def _emit_event(self, make) -> None:
         """Record an event when someone wants this step's events (`make` builds it only then)."""

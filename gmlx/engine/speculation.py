@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gmlx.decode import batch_shadow
 from gmlx.policy.admission import Round
-from gmlx.policy.control import Choice, Controller, bucket, record_plain
+from gmlx.policy.control import Choice, Controller, bucket, record_plain, tally
 from gmlx.policy.costs import Costs
 from gmlx.policy.drain import Refills
 
@@ -33,8 +33,9 @@ class Speculation:
         self._chosen_at = 0  # the width (bucket) it was made for
         self._pending: tuple | None = None  # (width, k, start) of the last round, until the next starts
         self._asked = 0  # the K the last speculative batch round was asked for
-        # whether finished rows' places are taken (the drain charge's weight), counted per target
-        self.refills = Refills(self.control.tally if self.control is not None else None)
+        # whether finished rows' places are taken (the drain charge's weight, admission's hold),
+        # counted per target, by every engine (a plain one's holds too: gmlx/policy/admission.py)
+        self.refills = Refills(tally(target))
 
     def ceiling(self, width: int) -> int:
         """The most drafts per round at this width (explicit K, else calibrated, else default)."""
@@ -44,10 +45,10 @@ class Speculation:
         """Widths the control has decided plain, among those admission may ask about this step
         (the batch's, the widths an admission would reach). For the batch's own width the choice
         is made now (once per step, on the live `rows`' budgets left); the others are only read."""
+        self.refills.step(frozenset(r.rid for r in rows))
         if self.control is None:
             return frozenset()
         self.choice = None
-        self.refills.step(frozenset(r.rid for r in rows))
         if batch_width >= 1:
             self._choose(batch_width, rows)
         live = len(rows)
@@ -60,6 +61,10 @@ class Speculation:
         self.choice = self.control.choose(width, self.ceiling(width), remaining=tuple(r.remaining for r in rows),
                                           drain_share=self.refills.drain_share, shadowed=self.shadows(width, rows))
         self._chosen_at = bucket(width)
+
+    def refilled(self, queued: int) -> bool:
+        """Whether finished rows' places are mostly taken (admission holds a queue for them)."""
+        return self.refills.refilled(queued)
 
     @property
     def plain_why(self) -> str:

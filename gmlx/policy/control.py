@@ -121,6 +121,11 @@ def record_plain(target: object, width: int, seconds: float) -> None:
     _plain.setdefault(owner(target), {}).setdefault(bucket(width), Times()).add(0, seconds)
 
 
+def tally(target: object) -> Tally:
+    """The refills seen on this target in this process (drain.Tally), by every engine on it."""
+    return _tallies.setdefault(owner(target), Tally())
+
+
 def forget(target: object) -> None:
     """Drop everything learnt for this target in this process (tests; a changed machine)."""
     for d in (_plain, _spec, _widths, _tallies):
@@ -136,7 +141,7 @@ class Controller:
         self._plain = _plain.setdefault(target, {})
         self._spec = _spec.setdefault(target, {})
         self._shared = _widths.setdefault(target, {})
-        self.tally = _tallies.setdefault(target, Tally())  # the drain charge's weight, shared likewise
+        self.tally = tally(target)  # the drain charge's weight, shared likewise
         self.drafter_kind = drafter_kind
         self.widths: dict[int, WidthControl] = {}  # this engine's view of the shared per-width state
         self.switches = 0  # times a width's choice changed between plain and speculative

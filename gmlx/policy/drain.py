@@ -45,6 +45,7 @@ from gmlx.policy.costs import emitted
 
 _UNIT = NormalDist()
 REFILL_STEPS = 4  # a finished row replaced within this many steps: its place was taken (a refill)
+REFILLED = 0.5  # under this share of drains, finished rows count as refilled (gmlx/policy/admission.py's hold)
 
 
 def expected_max(m: int) -> float:
@@ -112,6 +113,16 @@ class Refills:
     @property
     def drain_share(self) -> float:
         return self.tally.drain_share
+
+    def refilled(self, queued: int) -> bool:
+        """Whether finished rows' places are mostly taken (under REFILLED drains), counting as
+        refills the finishes of the last REFILL_STEPS steps that `queued` waiting requests are
+        about to take (a closed loop's first refill is seen as it happens, not after)."""
+        t = Tally(self.tally.decay)
+        t.refills, t.drains = self.tally.refills, self.tally.drains
+        for _ in range(min(queued, len(self._open))):
+            t.count(refill=True)
+        return t.drain_share < REFILLED
 
     def step(self, rids: frozenset) -> None:
         """The batch's rows at this step (their ids): finishes and admissions since the last."""
