@@ -156,6 +156,11 @@ VARIANTS["gatedtries"] = [(width_control.WidthControl, "_neighbour_to_try", _tri
 
 
 VARIANTS["shexp"] = [(control.Controller, "shadowed", _shadowed_no_explore)]
+# a width with nothing timed borrows the nearest timed width's ratio as it is (before 2026-12-05, later:
+# scaled by the probe's rows' costs there over here, WidthControl.lift)
+VARIANTS["nolift"] = [(width_control.WidthControl, "choose",
+                       lambda self, max_k, costs, acceptance=None, nearby=None, *a, _real=width_control.WidthControl.choose,
+                       **kw: _real(self, max_k, costs, acceptance, nearby[:2] if nearby else nearby, *a, **kw))]
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
 def bucket(width: int) -> int:
@@ -190,19 +195,29 @@ class SimClock:
         lanes.Lanes.run = timed_run
 
 
-def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: int) -> dict:
-    """c requests in flight over `prompts` on a fresh engine (nothing measured before it;
-    common.closed_loop); its rate on the simulated clock, or (clock None) in wall time from the
-    first submit."""
+_FIGURES = (control._plain, control._spec, control._widths, control._tallies)  # the control's, per target
+
+
+def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: int, carry: dict | None = None) -> dict:
+    """c requests in flight over `prompts` on a fresh engine (nothing measured before it, or with
+    `carry`, a dict kept across calls, what this arm's last run left: one process running cell after
+    cell, as bench --concurrency 1,2,4 does; common.closed_loop); its rate on the simulated clock, or
+    (clock None) in wall time from the first submit."""
     cfg, sw = ARMS.get(arm, ARMS["default"])
     patched = [(obj, name, getattr(obj, name)) for obj, name, _ in VARIANTS.get(arm, [])]
     for obj, name, value in VARIANTS.get(arm, []):
         setattr(obj, name, value)
-    control.forget(lm.target)  # a fresh process
+    control.forget(lm.target)  # a fresh process ...
+    key = control.owner(lm.target)
+    for d, saved in zip(_FIGURES, (carry or {}).get(arm, ())):  # ... or this arm's figures so far
+        if saved is not None:
+            d[key] = saved
     if clock is not None:
         clock.t, clock.rounds = 0.0, Counter()
     try:
         r = run_closed_loop(Engine(lm, cfg, switches=sw), prompts, c, n)
+        if carry is not None:
+            carry[arm] = tuple(d.get(key) for d in _FIGURES)
     finally:
         for obj, name, value in patched:
             setattr(obj, name, value)
@@ -285,6 +300,8 @@ def main() -> None:
     ap.add_argument("--measure", default=None, help="widths to time the table's rounds at (nothing simulated)")
     ap.add_argument("--shadow-cost", default=None, help="widths to time a gated batch's rounds at, with shadow"
                     " rounds and without (SHADOW's figure; nothing simulated)")
+    ap.add_argument("--carry", action="store_true", help="each arm's figures carry from cell to cell (one process"
+                    " running the cells in order), instead of a fresh process's per cell")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
     a = ap.parse_args()
     lm = load(converted("float32" if a.model.startswith("smollm2-f32") else "q"))
@@ -297,7 +314,7 @@ def main() -> None:
     clock = SimClock(a.model) if not a.wall else None
     if clock is not None:
         clock.install()
-    arms, cells = a.arms.split(","), []
+    arms, cells, carry = a.arms.split(","), [], {} if a.carry else None
     for kind in a.kinds.split(","):
         for c in [int(x) for x in a.concurrency.split(",")]:
             prompts = prompt_sets(lm, "smollm2")[kind] * a.repeats
@@ -310,7 +327,7 @@ def main() -> None:
                 for arm in arms:  # the cell's ratio: the median of per-repeat ratios to the first arm
                     res[arm]["tok_s"] = res[arms[0]]["tok_s"] * statistics.median(res[arm]["per_rep"])
             else:
-                res = {arm: closed_loop(lm, clock, arm, prompts, c, a.max_tokens) for arm in arms}
+                res = {arm: closed_loop(lm, clock, arm, prompts, c, a.max_tokens, carry) for arm in arms}
             same = all(r["out"] == res[arms[0]]["out"] for r in res.values())
             for r in res.values():
                 del r["out"]

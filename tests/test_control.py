@@ -505,6 +505,27 @@ def test_a_width_with_a_timed_neighbour_borrows_its_plain_ratio_instead_of_a_pla
     assert any(windows)
 
 
+@pytest.mark.parametrize("rows", [True, False])
+def test_a_borrowed_ratio_is_scaled_by_the_probes_rows_costs(rows):
+    """Width 2 timed both ways: K = 1 costs 1.2 plain rounds there and accepts 0.4 of its drafts
+    (1.4 tokens a round: 1.17x). Width 4, nothing timed, borrows width 2's ratio — scaled by the
+    probe's rows, where width 4's K = 1 (8 rows) costs 2.0 / 1.3 = 1.54 plain rounds against width
+    2's 1.3 / 1.1 = 1.18: 1.2 x 1.30 = 1.56 there, a loss, so width 4 decodes plain and says why. With
+    no rows (width 1's costs at every width) the ratio is borrowed as it is, and width 4 speculates."""
+    costs = Costs(verify=(1.0, 1.1, 1.3, 1.3), draft=0.0,
+                  rows=((1, 1.0), (2, 1.1), (3, 1.3), (4, 1.3), (8, 2.0), (16, 3.0)) if rows else ())
+    ctl = fresh(costs)
+    feed(ctl, 2, 0, 0.010, accepted=0, n=4)
+    feed(ctl, 2, 1, 0.012, accepted=0, n=6)
+    for _ in range(4):
+        ctl.observe(2, 1, 0.012, [(1, 1), (1, 0)])
+    c = ctl.choose(4, 1)
+    assert c.from_width == 2 and "width 2's round times" in c.reason, c
+    lift = costs.at_width(4).round_cost(1) / costs.at_width(2).round_cost(1)
+    assert ctl.at(4).lift == {1: pytest.approx(lift)} and (lift > 1.25) is rows
+    assert (c.k == 0) is rows, c.reason
+
+
 def test_acceptance_decays_so_a_drafter_that_starts_agreeing_is_seen():
     a = Acceptance()
     for _ in range(30):

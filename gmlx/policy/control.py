@@ -186,8 +186,10 @@ class Controller:
         self._repeat = (asked, acceptance, wc.rounds)
         before = wc.current
         # (a batch width's costs: read off the probe's forwards of its rows, costs.Costs.at_width)
-        choice = wc.choose(max_k, self.costs.at_width(bucket(width)), acceptance, self._nearest_timed(bucket(width)),
-                           bucket(width), remaining, drain_share, shadowed)
+        near = self._nearest_timed(bucket(width))  # (with its costs: its ratio is scaled to this width's)
+        choice = wc.choose(max_k, self.costs.at_width(bucket(width)), acceptance,
+                           near and (*near, self.costs.at_width(near[0])), bucket(width), remaining, drain_share,
+                           shadowed)
         if before is not None and (before == 0) != (wc.current == 0):  # a plain window is no switch
             self.switches += 1
             self.switched.append((width, choice.reason))

@@ -57,19 +57,18 @@ class WidthControl:
         self.exploring = False
         self.tentative = False  # speculation tried (first, or exploring), not yet sure to pay
         self.far = False  # the choice in force is predicted at least FAR (no plain window is owed)
+        self.lift: dict[int, float] = {}  # per k: this width's round cost over the nearest timed width's (`choose`)
 
     def settled(self) -> bool:
-        """Whether the choice in force has held MIN_EVIDENCE rounds with no try, exploration or
-        plain window pending (the Controller may then reuse it for a few rounds)."""
+        """The choice in force held MIN_EVIDENCE rounds, nothing pending (the Controller may reuse it)."""
         return (self.current is not None and self.rounds_in_choice >= MIN_EVIDENCE and not self.tentative
                 and not self.exploring and self.plain_window == 0)
 
     def times(self, k: int, costs: Costs, near: "WidthControl | None" = None) -> tuple[float | None, float | None, bool]:
-        """(plain seconds, k's seconds, both measured): medians where measured, else derived
-        through the cost model's ratio from the nearest measured kind — another speculative k
-        before plain rounds (a period holds host work a forward-only ratio does not) — or, for a
-        plain time, from k's through the ratio measured at `near` (both timed there). (None,
-        None) before any round."""
+        """(plain seconds, k's seconds, both measured): medians where measured, else derived through
+        the cost model from the nearest measured kind (another speculative k before plain rounds: a
+        period holds host work a forward-only ratio does not), or a plain time from k's through the
+        ratio measured at `near` (`lift`ed here). (None, None) before any round."""
         med = {j: self._median(j) for j in self._known()}
         med = {j: v for j, v in med.items() if v is not None}
         if not med:
@@ -78,7 +77,7 @@ class WidthControl:
         t0 = med[0] if 0 in med else self._derived(0, med, costs)
         if 0 not in med and near is not None:
             n0, nk, _ = near.times(k, costs)
-            t0 = tk * n0 / nk
+            t0 = tk * n0 / (nk * self.lift.get(k, 1.0))
         return t0, tk, 0 in med and k in med
 
     @staticmethod
@@ -114,10 +113,9 @@ class WidthControl:
 
     def gain(self, k: int, costs: Costs, acc: Acceptance, nearby: "WidthControl | None" = None,
              lone: bool = False, hope: bool = False) -> tuple[float, bool]:
-        """k's predicted gain over plain at acceptance `acc`, and whether its cost relative to plain
-        is measured here. `lone`: `acc` is one request's own (the scalar loop's; see `_seen`).
-        `hope`: where k's tokens per round are not measured, the most its deeper positions could
-        accept (`Acceptance.emitted`), for a try."""
+        """k's predicted gain over plain at acceptance `acc`, and whether its cost ratio is measured
+        here. `lone`: `acc` is one request's own (see `_seen`). `hope`: where k's tokens per round
+        are not measured, the most its deeper positions could accept (`Acceptance.emitted`)."""
         if k == 0:
             return 1.0, True
         r, src = self.ratio(k, costs, lone)
@@ -127,6 +125,7 @@ class WidthControl:
             if r is None:
                 t0, tk = nearby.times(k, costs)[:2]
                 r = tk / t0 if t0 else None
+            r = r * self.lift.get(k, 1.0) if r is not None else None  # (scaled to this width's rows)
         elif r is None:  # this width's medians (its plain time through nearby's ratio when not measured here)
             t0, tk, measured = self.times(k, costs, nearby)
             r = tk / t0 if t0 is not None else None
@@ -135,15 +134,19 @@ class WidthControl:
         return (acc.emitted(k, hope) if hope else self._seen(k, acc, lone)) / max(r, MIN_RATIO), measured
 
     def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
-               nearby: tuple[int, "WidthControl"] | None = None, width: int = 0,
+               nearby: tuple | None = None, width: int = 0,
                remaining: tuple[int, ...] = (), drain_share: float = 1.0, shadowed: bool = False) -> Choice:
-        """The k to run now (0: plain): the best predicted, kept by hysteresis; the tries, the
-        exploration and the plain window of the module's doc. `remaining`: the batch's rows'
-        budgets left, and the share of finishes not refilled, for the drain charge
-        (gmlx/policy/drain.py); a try needs room for its rounds. `shadowed`: thresholds.SHADOW_FIRST."""
+        """The k to run now (0: plain), kept by hysteresis; the tries, exploration and plain window
+        of the module's doc. `nearby`: (width, its control, its costs), the nearest timed width.
+        `remaining`, `drain_share`: the drain charge's (policy/drain.py); a try needs room for its
+        rounds. `shadowed`: thresholds.SHADOW_FIRST."""
         acc = acceptance or self.acceptance
         alpha = acc.alpha
         ratio = nearby[1] if nearby is not None else None  # its T(0) / T(k) where this width lacks one
+        # ... scaled by the probe's rows' costs here over there: a verify costs relatively more as
+        # rows are added (SmolLM2 float32, K = 1: 1.25 plain rounds at width 2, 1.57 at width 4)
+        self.lift = {k: costs.round_cost(k) / nearby[2].round_cost(k) for k in range(1, max_k + 1)} \
+            if nearby is not None and len(nearby) > 2 else {}
         near = ratio if not self.spec_timed() else None  # ... or both
         lone = acceptance is not None  # the scalar loop's request (its own acceptance; the pool's is this width's)
         drains = {k: drain(remaining, alpha, k, drain_share) for k in range(0, max_k + 1)}
@@ -230,19 +233,16 @@ class WidthControl:
 
     def _hopes(self, max_k: int, costs: Costs, acc: Acceptance, nearby, lone: bool,
                drains: dict[int, float]) -> dict[int, float]:
-        """The gain each k untried (under MIN_SAMPLES rounds timed) or stale (not run for RETRY_AFTER
-        speculative rounds: unlucky rounds must not shelve a K for good) could have: its deeper
-        positions credited as if they always agreed once reached (`Acceptance.emitted`)."""
+        """The gain each k untried (under MIN_SAMPLES rounds) or stale (not run for RETRY_AFTER rounds:
+        bad luck must not shelve a K for good) could have, deeper drafts credited as always agreeing."""
         return {k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k]
                 for k in range(1, max_k + 1) if len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
                 or self.spec_rounds - self.last_run.get(k, 0) > RETRY_AFTER}
 
     def _neighbour_to_try(self, best: int, gains: dict[int, float], hopes: dict[int, float], within: float) -> int:
-        """The k nearest the best that is untried and could be `within` (TRY_WITHIN; the lone
-        request's LONE_TRY_WITHIN) of the best and not a loss (its hope): a few rounds measure it
-        instead of trusting the cost model's ratio (one probe at width 1) or the geometric model (a
-        deep draft position may agree more, or less, than the first), so every plausible k up to
-        the ceiling is soon a measurement."""
+        """The k nearest the best, untried, whose hope is `within` (TRY_WITHIN; LONE_TRY_WITHIN) of
+        the best and no loss: a few rounds measure it rather than trust the cost model or the
+        geometric model (a deep draft may agree more, or less, than the first)."""
         untried = [k for k, h in hopes.items() if k != best and h >= max(1.0, within * gains[best])]
         return self._retry(min(untried, key=lambda k: (abs(k - best), -k))) if untried else best
 
