@@ -44,7 +44,8 @@ class Speculation:
     def plain_widths(self, batch_width: int, rows: list, queued: int) -> frozenset[int]:
         """Widths the control has decided plain, among those admission may ask about this step
         (the batch's, the widths an admission would reach). For the batch's own width the choice
-        is made now (once per step, on the live `rows`' budgets left); the others are only read."""
+        is made now (once per step, on the live `rows`' budgets left); the others are only read.
+        Every engine counts the step's finishes and admissions here (`refills`)."""
         self.refills.step(frozenset(r.rid for r in rows))
         if self.control is None:
             return frozenset()

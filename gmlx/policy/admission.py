@@ -162,8 +162,8 @@ def holds(v: View) -> bool:
 def _plan_batch(v: View) -> Plan:
     if v.queued and holds(v):
         plan = _plan_rows(v)
-        return replace(plan, held=True, reason=f"{v.queued} waiting: admission held for a row finishing within "
-                                               f"{HOLD_ROUNDS - v.held} round(s)" + (f"; {plan.reason}" if plan.reason else ""))
+        why = f"{v.queued} waiting: admission held for a row finishing within {HOLD_ROUNDS - v.held} round(s)"
+        return replace(plan, held=True, reason=why + (f"; {plan.reason}" if plan.reason else ""))
     if v.queued:
         armed = v.mode is Mode.BATCHED
         width = v.width + v.queued
