@@ -195,9 +195,6 @@ class SimClock:
         lanes.Lanes.run = timed_run
 
 
-_FIGURES = (control._plain, control._spec, control._widths, control._tallies)  # the control's, per target
-
-
 def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: int, carry: dict | None = None) -> dict:
     """c requests in flight over `prompts` on a fresh engine (nothing measured before it, or with
     `carry`, a dict kept across calls, what this arm's last run left: one process running cell after
@@ -209,7 +206,7 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
         setattr(obj, name, value)
     control.forget(lm.target)  # a fresh process ...
     key = control.owner(lm.target)
-    for d, saved in zip(_FIGURES, (carry or {}).get(arm, ())):  # ... or this arm's figures so far
+    for d, saved in zip(control.FIGURES, (carry or {}).get(arm, ())):  # ... or this arm's figures so far
         if saved is not None:
             d[key] = saved
     if clock is not None:
@@ -217,7 +214,7 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
     try:
         r = run_closed_loop(Engine(lm, cfg, switches=sw), prompts, c, n)
         if carry is not None:
-            carry[arm] = tuple(d.get(key) for d in _FIGURES)
+            carry[arm] = tuple(d.get(key) for d in control.FIGURES)
     finally:
         for obj, name, value in patched:
             setattr(obj, name, value)

@@ -105,6 +105,7 @@ _plain: "weakref.WeakKeyDictionary[object, dict[int, Times]]" = weakref.WeakKeyD
 _spec: "weakref.WeakKeyDictionary[object, dict[tuple, Times]]" = weakref.WeakKeyDictionary()
 _widths: "weakref.WeakKeyDictionary[object, dict[tuple, WidthControl]]" = weakref.WeakKeyDictionary()
 _tallies: "weakref.WeakKeyDictionary[object, Tally]" = weakref.WeakKeyDictionary()  # refills seen (drain.py)
+FIGURES = (_plain, _spec, _widths, _tallies)  # everything learnt, per target
 
 
 # A choice settled at a width (held MIN_EVIDENCE rounds, no try or plain window pending) is
@@ -128,7 +129,7 @@ def tally(target: object) -> Tally:
 
 def forget(target: object) -> None:
     """Drop everything learnt for this target in this process (tests; a changed machine)."""
-    for d in (_plain, _spec, _widths, _tallies):
+    for d in FIGURES:
         d.pop(owner(target), None)
 
 
