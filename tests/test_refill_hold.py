@@ -25,7 +25,7 @@ LM_WITHOUT_EOS = True  # budgets alone end the requests: the schedules keep thei
 
 def view(**kw) -> View:
     base = dict(mode=Mode.BATCHED, width=2, queued=1, cap=0, speculative=True, preempt=True, resume=True,
-                lookahead=False, scalar_lookahead=False, min_remaining=1, resume_min_remaining=8,
+                lookahead=False, scalar_lookahead=False, resume_min_remaining=8,
                 remaining=(1, 10), refilled=True, held=0)
     base.update(kw)
     return View(**base)
@@ -36,8 +36,8 @@ def test_a_batch_holds_its_queue_for_a_row_about_to_finish():
     assert p.held and p.admit == 0 and p.round is Round.SPECULATIVE and "admission held" in p.reason
 
 
-@pytest.mark.parametrize("change", [dict(refilled=False), dict(remaining=(3, 10), min_remaining=3),
-                                    dict(held=admission.HOLD_ROUNDS), dict(held=1, remaining=(2, 9), min_remaining=2)])
+@pytest.mark.parametrize("change", [dict(refilled=False), dict(remaining=(3, 10)),
+                                    dict(held=admission.HOLD_ROUNDS), dict(held=1, remaining=(2, 9))])
 def test_no_hold_without_refills_a_row_sure_to_finish_in_time_or_rounds_left(change):
     """Not refilled (nobody to wait for), no row within the rounds left, or the hold used up."""
     p = plan(view(**change))
@@ -81,7 +81,7 @@ def test_property_a_held_plan_admits_nothing_and_holds_are_bounded(steps):
     held = 0
     for queued, remaining, refilled, mode in steps:
         v = view(mode=mode, queued=queued, width=len(remaining), remaining=tuple(remaining),
-                 min_remaining=min(remaining), refilled=refilled, held=held)
+                 refilled=refilled, held=held)
         p = plan(v)
         if p.held:
             assert queued and refilled and p.admit == 0

@@ -193,8 +193,8 @@ class Engine:
             mode=self.mode, width=len(live), queued=queued, cap=self.caps.current.cap,
             speculative=self.speculative, preempt=self.switches.preempt, resume=self.switches.resume,
             lookahead=self.batch.lookahead is not None, scalar_lookahead=self.scalar.in_flight,
-            min_remaining=min((r.remaining for r in live), default=0), remaining=tuple(r.remaining for r in live),
-            resume_min_remaining=self.config.resume_min_remaining, refilled=self.spec.refilled(queued), held=self._held)
+            remaining=tuple(r.remaining for r in live), resume_min_remaining=self.config.resume_min_remaining,
+            refilled=self.spec.refills.refilled(queued), held=self._held)
 
     def _emit_event(self, make) -> None:
         """Record an event when someone wants this step's events (`make` builds it only then)."""

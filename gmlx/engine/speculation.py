@@ -63,10 +63,6 @@ class Speculation:
                                           drain_share=self.refills.drain_share, shadowed=self.shadows(width, rows))
         self._chosen_at = bucket(width)
 
-    def refilled(self, queued: int) -> bool:
-        """Whether finished rows' places are mostly taken (admission holds a queue for them)."""
-        return self.refills.refilled(queued)
-
     @property
     def plain_why(self) -> str:
         """Why the batch's width decodes plain now (the control's reason), for the plan's reason."""

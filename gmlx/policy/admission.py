@@ -79,7 +79,6 @@ class View:
     resume: bool
     lookahead: bool  # a gated plain step is in flight
     scalar_lookahead: bool  # the scalar plain decoder has a step in flight
-    min_remaining: int  # smallest remaining budget over live rows
     resume_min_remaining: int
     # Widths where the online control (gmlx/policy/control.py) has decided plain decoding pays
     # better: within the cap, a batch of such a width still decodes plain (gates / does not resume).
@@ -88,6 +87,11 @@ class View:
     remaining: tuple[int, ...] = ()  # each live row's budget left
     refilled: bool = False  # finished rows' places are taken (drain.Refills): a hold has someone to wait for
     held: int = 0  # consecutive rounds the queue has been held so far (`holds`)
+
+    @property
+    def min_remaining(self) -> int:
+        """The smallest budget left over live rows."""
+        return min(self.remaining, default=0)
 
 
 @dataclass(frozen=True)

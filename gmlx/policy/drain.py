@@ -37,6 +37,7 @@ at an end-of-sequence token), which both kinds of decoding share. Pure arithmeti
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
@@ -118,8 +119,7 @@ class Refills:
         """Whether finished rows' places are mostly taken (under REFILLED drains), counting as
         refills the finishes of the last REFILL_STEPS steps that `queued` waiting requests are
         about to take (a closed loop's first refill is seen as it happens, not after)."""
-        t = Tally(self.tally.decay)
-        t.refills, t.drains = self.tally.refills, self.tally.drains
+        t = copy.copy(self.tally)
         for _ in range(min(queued, len(self._open))):
             t.count(refill=True)
         return t.drain_share < REFILLED
