@@ -1,4 +1,4 @@
-"""Paired round costs (gmlx/policy/figures.Pairs and its use by the online control): the cost of a
+"""Paired round costs (gmlx/policy/pairs.Pairs and its use by the online control): the cost of a
 speculative round relative to a plain one from periods timed side by side, so the machine's drift
 between minutes does not enter the control's prediction."""
 
@@ -11,7 +11,8 @@ import pytest
 from gmlx.policy.width_control import FAR, PLAIN_CHECK_AFTER, PLAIN_WINDOW
 from gmlx.policy.control import REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, Acceptance, Controller
 from gmlx.policy.costs import Costs, emitted
-from gmlx.policy.figures import PAIR_SECONDS, PAIR_SPAN, Pairs, Times, gain_doubt
+from gmlx.policy.figures import Times, gain_doubt
+from gmlx.policy.pairs import PAIR_SECONDS, PAIR_SPAN, Pairs
 
 COSTS = Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.05)
 

@@ -11,7 +11,7 @@ to plain decoding, is
 
 with E the measured mean tokens per row and round at k (its accepted run plus the bonus), or
 before that the geometric model E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) (costs.py). The cost
-ratio T(w, k) / T(w, 0) is paired (figures.Pairs): where a run of plain rounds meets a run of k
+ratio T(w, k) / T(w, 0) is paired (pairs.Pairs): where a run of plain rounds meets a run of k
 rounds, the medians of the few periods on each side (seconds apart at most) give one sample of
 log T(k) - log T(0), and the ratio is the median of the recent samples. Two medians measured minutes apart are not used where pairs exist:
 on a shared machine the same plain round drifts 60 -> 75 ms between minutes, and a K=1 round then

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
-from gmlx.policy.figures import (MARGIN, MIN_SAMPLES, PAIR_SPAN, STAY, Z, Acceptance, Pairs, Times, gain_doubt,
-                                 surely_pays)
+from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Z, Acceptance, Times, gain_doubt, surely_pays
+from gmlx.policy.pairs import PAIR_SPAN, Pairs
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, LONE_POINT, LONE_TRY,
                                     LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW,
                                     REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, RETRY_AFTER, SHADOW_FIRST, SHADOW_SPAN,
@@ -47,11 +47,11 @@ class WidthControl:
         self.explore_after = EXPLORE_FIRST
         self.spec_rounds = 0
         self.last_run: dict[int, int] = {}  # k -> spec_rounds when it last ran here
-        self.plain_window = 0  # plain rounds still owed to a window (figures.Pairs: its rounds pair)
+        self.plain_window = 0  # plain rounds still owed to a window (pairs.Pairs: its rounds pair)
         # the K in force when the window started, and the speculative rounds after it that still run
         # it: Pairs keys its samples by K, so the window pairs one K on both sides
         self.window_k, self.after_window = 0, 0
-        self.pairs = Pairs()  # T(k) / T(0) from periods timed close together (figures.Pairs)
+        self.pairs = Pairs()  # T(k) / T(0) from periods timed close together (pairs.Pairs)
         self.since_pair = 0  # speculative rounds since the last pair
         self.refresh_after = PLAIN_CHECK_AFTER
         self.exploring = False
@@ -98,7 +98,7 @@ class WidthControl:
         return (self.plain if k == 0 else self.spec).median(k)
 
     def ratio(self, k: int, costs: Costs, lone: bool = False) -> tuple[float | None, str]:
-        """T(k) / T(0) without the machine's drift, and where it comes from: "paired" (figures.Pairs;
+        """T(k) / T(0) without the machine's drift, and where it comes from: "paired" (pairs.Pairs;
         a k not paired itself from the nearest paired k, scaled by the two speculative medians or
         the cost model), "probe" (the lone request before any pair: the load probe's costs, timed
         back to back), or (None, "") — the two medians then (`times`)."""
