@@ -55,8 +55,8 @@ def main() -> None:
     log: list = []
     choose = control.Controller.choose
 
-    def logged(self, width, max_k, acceptance=None, remaining=(), drain_share=1.0):
-        ch = choose(self, width, max_k, acceptance, remaining, drain_share)
+    def logged(self, width, max_k, *args, **kw):
+        ch = choose(self, width, max_k, *args, **kw)
         log.append((width, ch.k, ch.reason))
         return ch
 

@@ -217,13 +217,13 @@ class Controller:
 
     def far_from_paying(self, width: int) -> bool:
         """Whether this width has been plain SHADOW_SPAN rounds with every K predicted under
-        TRY_FIRST (a query): its shadow rounds, which had that long to see the drafts agree more,
-        then cost more than they can change — with the CPU's small-M kernel ~5-8 % of a SmolLM2
-        float32 run at c = 2-4 — and its exploration (EXPLORE_FIRST, doubling) measures instead."""
+        SHADOW_STOP, short of a switch (a query): its shadow rounds, which had that long to see the
+        drafts agree more, then cost more than they can change — with the CPU's small-M kernel ~7 %
+        of a SmolLM2 float32 batch's CPU time — and its exploration (EXPLORE_FIRST, doubling) measures instead."""
         wc, c = self._shared.get((self.drafter_kind, bucket(width))), self.last.get(bucket(width))
         return (wc is not None and c is not None and wc.current == 0 and wc.settled()
                 and wc.rounds_in_choice >= width_control.SHADOW_SPAN
-                and (c.best_spec is None or c.best_spec[1] < width_control.TRY_FIRST))
+                and (c.best_spec is None or c.best_spec[1] < width_control.SHADOW_STOP))
 
     def pooled(self, width: int) -> Acceptance:
         """A copy of this width's recent acceptance: a new lone request starts from its rates,

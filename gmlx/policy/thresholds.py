@@ -30,10 +30,19 @@ FIRST_K1 = True
 # measured 0.82x only confirmed it.
 SHADOW_FIRST = True
 # ... and a plain width's shadows stop after this many rounds where every K is predicted under
-# TRY_FIRST (control.far_from_paying): three replays' records (shadow.SHADOW_EVERY = 8) had their
+# SHADOW_STOP (control.far_from_paying): three replays' records (shadow.SHADOW_EVERY = 8) had their
 # chance to show the drafts agreeing more. With the kernel a gated SmolLM2 float32 batch's shadows
 # cost 5-8 % of its run at c = 2-4 (/tmp A/B, wall time), where the simulator had assumed 1 %.
 SHADOW_SPAN = 24
+# ... every K predicted under this, where a switch needs MARGIN (figures.MARGIN): records that leave
+# the width short of a switch change nothing unless its drafts come to agree more, which its
+# exploration then measures. A gated batch's shadows cost 7-8 % of its CPU time at c = 4 (SmolLM2
+# float32 with the kernel, interleaved closed loops: 1.075x of plain against 0.995x without them;
+# capturing and committing the hidden states ~3 %, the head's replays and records ~4.5 %). Stopped
+# only under TRY_FIRST, chat widths (K = 1 predicted 0.93-1.0x at c = 2) shadowed throughout: on the
+# simulated clock (sim_control.py --carry) chat c = 2 ran 0.931x of plain, 0.954x with this level;
+# code c = 4 0.918x -> 0.931x; no cell slower.
+SHADOW_STOP = 1.05
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
 # ... and while plain is in force only for want of certainty — the best K predicted MARGIN above

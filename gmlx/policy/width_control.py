@@ -16,7 +16,7 @@ from gmlx.policy.pairs import PAIR_SPAN, Pairs
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, LONE_POINT, LONE_TRY,
                                     LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW,
                                     REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, RETRY_AFTER, SHADOW_FIRST, SHADOW_SPAN,
-                                    TRY_FIRST, TRY_WITHIN)
+                                    SHADOW_STOP, TRY_FIRST, TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
