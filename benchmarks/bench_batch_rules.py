@@ -10,7 +10,8 @@ repeat with the order alternating; ratios are medians of per-repeat ratios to pl
 
 `--arms` picks others: any arm with `-nohold` appended runs without admission's hold for grouped
 refills (gmlx/policy/admission.py HOLD_ROUNDS = 0; 2026-12-05, later), e.g. `--arms
-plain,plain-nohold,default,default-nohold,k1,k1-nohold`.
+plain,plain-nohold,default,default-nohold,k1,k1-nohold`; with `-stop90`, a plain width's shadows stop
+only where every K is predicted under 0.9 (thresholds.SHADOW_STOP before 2026-12-05's last change: 1.05).
 
 Run: ``python benchmarks/bench_batch_rules.py --model smollm2-f32 --concurrency 2,4 --repeats 6``
 Writes bench_results/<utc>_batch_rules.json and .md.
@@ -41,10 +42,12 @@ def rules(arm: str):
     """The engine's rules for this arm: `before` undoes the three, `-nohold` the hold, every other
     arm runs as shipped."""
     saved = (costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST,
-             admission.HOLD_ROUNDS)
-    if arm.endswith("-nohold"):
+             admission.HOLD_ROUNDS, width_control.SHADOW_STOP)
+    if "-nohold" in arm:
         admission.HOLD_ROUNDS = 0
-    if arm.removesuffix("-nohold") == "before":
+    if "-stop90" in arm:
+        width_control.SHADOW_STOP = 0.9
+    if base_arm(arm) == "before":
         costs.Costs.at_width = lambda self, width: self
         control.Controller.far_from_paying = lambda self, width: False
         width_control.SHADOW_FIRST = False
@@ -52,7 +55,12 @@ def rules(arm: str):
         yield
     finally:
         (costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST,
-         admission.HOLD_ROUNDS) = saved
+         admission.HOLD_ROUNDS, width_control.SHADOW_STOP) = saved
+
+
+def base_arm(arm: str) -> str:
+    """The arm without its suffixes (`-nohold`, `-stop90`)."""
+    return arm.removesuffix("-stop90").removesuffix("-nohold").removesuffix("-stop90")
 
 
 def main() -> None:
@@ -62,7 +70,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--eos", action="store_true", help="requests stop at EOS (else every one runs its budget)")
-    ap.add_argument("--arms", default=",".join(ARMS), help="plain first; -nohold: without admission's hold")
+    ap.add_argument("--arms", default=",".join(ARMS), help="plain first; -nohold: without admission's hold;"
+                    " -stop90: shadows stopped at the level before")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
     a = ap.parse_args()
     arms = tuple(a.arms.split(","))
@@ -76,7 +85,7 @@ def main() -> None:
             run = {}
             for arm in arms if rep % 2 == 0 else arms[::-1]:
                 control.forget(lm.target)  # nothing learnt: each arm as a fresh process
-                base = arm.removesuffix("-nohold")
+                base = base_arm(arm)
                 with rules(arm):
                     r = bench_control.closed_loop(lm, "default" if base == "before" else base, prompts, c,
                                                   a.max_tokens, a.eos)
@@ -90,9 +99,10 @@ def main() -> None:
         print("==", c, {arm: round(v, 3) for arm, v in ratio.items()}, flush=True)
     result = {"command": command_line("bench_batch_rules.py", a), "machine": describe(), "cells": cells}
     path = write_result(a.out, "batch_rules", result)
-    vs = ("default", "before") if {"default", "before"} <= set(arms) else ("default", "default-nohold")
+    vs = next((("default", o) for o in ("before", "default-stop90", "default-nohold") if o in arms), ("default", "before"))
     lines = [f"`{result['command']}`", "", "Medians of per-repeat ratios to plain (wall time, interleaved);"
-             " `before`: the rules before 2026-12-05's batch-width changes; `-nohold`: without admission's hold",
+             " `before`: the rules before 2026-12-05's batch-width changes; `-nohold`: without admission's hold;"
+             " `-stop90`: shadows stopped only under 0.9",
              "", "| c | plain tok/s | " + " | ".join(arms) + f" | {vs[0]} beat {vs[1]} | same tokens |",
              "|---|---|" + "---|" * (len(arms) + 2)]
     for cell in cells:
