@@ -41,7 +41,7 @@ SHADOW_SPAN = 24
 # capturing and committing the hidden states ~3 %, the head's replays and records ~4.5 %). Stopped
 # only under TRY_FIRST, chat widths (K = 1 predicted 0.93-1.0x at c = 2) shadowed throughout: on the
 # simulated clock (sim_control.py --carry) chat c = 2 ran 0.931x of plain, 0.954x with this level;
-# code c = 4 0.918x -> 0.931x; no cell slower.
+# code c = 4 0.918x -> 0.931x; no cell slower (in wall time unresolved: docs/cpu_kernel.md).
 SHADOW_STOP = 1.05
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
