@@ -60,7 +60,7 @@ def rules(arm: str):
 
 def base_arm(arm: str) -> str:
     """The arm without its suffixes (`-nohold`, `-stop90`)."""
-    return arm.removesuffix("-stop90").removesuffix("-nohold").removesuffix("-stop90")
+    return arm.split("-")[0]
 
 
 def main() -> None:

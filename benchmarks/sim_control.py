@@ -166,17 +166,8 @@ VARIANTS["nolift"] = [(width_control.WidthControl, "choose",
                        **kw: _real(self, max_k, costs, acceptance, nearby[:2] if nearby else nearby, *a, **kw))]
 
 
-def _far_below(level: float):
-    """control.far_from_paying at another level than thresholds.SHADOW_STOP (1.05; 0.9 before 2026-12-05)."""
-    def far(self, width):
-        b = figures.bucket(width)
-        wc, c = self._shared.get((self.drafter_kind, b)), self.last.get(b)
-        return (wc is not None and c is not None and wc.current == 0 and wc.settled()
-                and wc.rounds_in_choice >= width_control.SHADOW_SPAN and (c.best_spec is None or c.best_spec[1] < level))
-    return far
-
-
-VARIANTS |= {f"far{round(100 * v)}": [(control.Controller, "far_from_paying", _far_below(v))] for v in (0.9, 1.0, 99.0)}
+# a plain width's shadows stopped at another level than thresholds.SHADOW_STOP (1.05; 0.9 before 2026-12-05)
+VARIANTS |= {f"far{round(100 * v)}": [(width_control, "SHADOW_STOP", v)] for v in (0.9, 1.0, 99.0)}
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
 
