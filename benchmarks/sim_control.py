@@ -103,9 +103,6 @@ VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first 
             "ceil1": [(speculation.Speculation, "ceiling", lambda self, width: 1)],  # K ceiling 1 at every width
             "tryfirst": [(width_control, "SHADOW_FIRST", False)],  # a new batch width tries K = 1 on the prior
             "widthless": [(costs_mod.Costs, "at_width", lambda self, width: self)],  # width 1's costs at every width
-            # K ceiling 1 at batch widths (width 1's as shipped)
-            "bceil1": [(speculation.Speculation, "ceiling", lambda self, width, _real=speculation.Speculation.ceiling:
-                        _real(self, width) if width <= 1 else 1)],
             # a width's K ceiling keeps its verify within the kernel's rows (width x (K + 1) <= 8)
             "rowcap": [(speculation.Speculation, "ceiling", lambda self, width, _real=speculation.Speculation.ceiling:
                         min(_real(self, width), max(1, 8 // width - 1)))]}

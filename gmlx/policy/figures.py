@@ -9,8 +9,9 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from gmlx.policy.pairs import WINDOW, Pairs
+from gmlx.policy.pairs import Pairs
 
+WINDOW = 16  # rounds per (width, k) in the running median
 MIN_SAMPLES = 3  # measured rounds before a median replaces the cost model's figure
 PRIOR_WEIGHT = 3.0  # rounds the prior acceptance (alpha 0.6, below) is worth
 DECAY = 0.97  # per round: old acceptance fades (a drafter that starts agreeing is seen)

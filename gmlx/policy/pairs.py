@@ -8,7 +8,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-WINDOW = 16  # rounds per (width, k) in the running median (figures.Times); a ratio's samples: 2 x WINDOW
+SAMPLES = 32  # the recent samples a ratio is the median of
 PAIR_SPAN = 3  # periods on each side of a plain / speculative boundary that form one pair
 PAIR_SECONDS = 3.0  # ... at most this far apart in time (drift on this scale is small)
 MIN_PAIRS = 2  # pairs before their ratio replaces the medians' (or the probe's)
@@ -23,7 +23,7 @@ class Pairs:
     meets a run of the other (a switch, a plain window, an exploration) the medians of the
     PAIR_SPAN periods on each side of the boundary, at most PAIR_SECONDS apart, give one sample
     of log T(k) - log T(0) without it (k: the speculative side's, its rounds of that k only).
-    The ratio is the median of the last 2 x WINDOW samples: it holds while absolute times drift,
+    The ratio is the median of the last SAMPLES samples: it holds while absolute times drift,
     and the samples' spread is the machine's noise at this timescale."""
 
     logs: dict[int, deque] = field(default_factory=dict)  # k -> recent log(T(k) / T(0)) samples
@@ -60,7 +60,7 @@ class Pairs:
         t0 = statistics.median(s for _, s in plain)
         tk = statistics.median(s for j, s in spec if j == k)
         if t0 > 0 and tk > 0:
-            self.logs.setdefault(k, deque(maxlen=2 * WINDOW)).append(math.log(tk / t0))
+            self.logs.setdefault(k, deque(maxlen=SAMPLES)).append(math.log(tk / t0))
             self.samples += 1
             self.memo.clear()
 
