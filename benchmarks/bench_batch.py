@@ -22,6 +22,7 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
 from gmlx.data import load_prompts
 from gmlx.machine import describe
+from gmlx.models.cpu_fused import as_mlx_lm
 from gmlx.models.loading import load
 
 from common import run_burst, write_result
@@ -31,6 +32,7 @@ def run_engine(lm, prompts, max_tokens, *, speculative, cap, switches=Switches()
     return run_burst(lm, prompts, max_tokens, EngineConfig(speculative=speculative, width_cap=cap), switches)
 
 
+@as_mlx_lm()  # mlx-lm's own operations (gmlx/models/cpu_fused.py)
 def run_mlx_lm(lm, prompts, max_tokens):
     gen = BatchGenerator(lm.target.model, max_tokens=max_tokens, completion_batch_size=64, prefill_batch_size=16)
     t0 = time.perf_counter()

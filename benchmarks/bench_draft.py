@@ -27,6 +27,7 @@ from mlx_lm.sample_utils import make_sampler
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.data import load_prompts
 from gmlx.machine import describe
+from gmlx.models.cpu_fused import as_mlx_lm
 from gmlx.models.loading import default_model_path, load
 
 from common import command_line, interleave, summarize, write_result
@@ -39,6 +40,7 @@ def run_gmlx(engine: Engine, prompt: list[int], params: SamplingParams):
     return n, n / s["tokens_per_s"], s["num_drafted"], s["num_accepted"]
 
 
+@as_mlx_lm()  # mlx-lm's own operations (gmlx/models/cpu_fused.py)
 def run_mlx_lm(lm, draft, prompt: list[int], params: SamplingParams, k: int | None):
     sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
     p = mx.array(prompt, dtype=mx.int32)

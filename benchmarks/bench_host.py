@@ -37,6 +37,7 @@ from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.data import load_prompts
 from gmlx import trace
 from gmlx.machine import describe
+from gmlx.models.cpu_fused import as_mlx_lm
 from gmlx.models.loading import load
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the micro model, shared with the tests
 from micro import make_micro_model  # noqa: E402
@@ -63,12 +64,14 @@ def gmlx_streams(eng: Engine, prompts: list[list[int]], n: int) -> float:
     return (count - len(prompts)) / (last - first) if last > first else 0.0
 
 
+@as_mlx_lm()  # mlx-lm's own operations (gmlx/models/cpu_fused.py)
 def mlx_stream(lm, prompt: list[int], n: int) -> float:
     times = [time.perf_counter() for _ in stream_generate(lm.target.model, lm.tokenizer, prompt, max_tokens=n,
                                                          sampler=make_sampler(0.0))]
     return consumer_rate(times)
 
 
+@as_mlx_lm()  # mlx-lm's own operations (gmlx/models/cpu_fused.py)
 def mlx_batch(lm, prompts: list[list[int]], n: int) -> float:
     gen = BatchGenerator(lm.target.model, stop_tokens=None, completion_batch_size=len(prompts),
                          prefill_batch_size=min(len(prompts), 8))

@@ -32,6 +32,7 @@ from gmlx import EngineConfig
 from gmlx.config import Switches
 from gmlx.data import load_prompts
 from gmlx.machine import describe
+from gmlx.models.cpu_fused import as_mlx_lm
 from gmlx.models.loading import default_model_path, load
 from gmlx.drafters.select import shipped_eagle3
 
@@ -84,6 +85,7 @@ def burst(lm, arm: str, prompts: list[list[int]], previous: list[str] | None, ma
     return run_burst(lm, prompts, max_tokens, config, switches, predictions=previous if predicted else None)
 
 
+@as_mlx_lm()  # mlx-lm's own operations (gmlx/models/cpu_fused.py)
 def mlx_lm_draft(lm, draft, prompts: list[list[int]], max_tokens: int, k: int) -> dict:
     """mlx-lm's speculative decoding, one request after another (it has no batched speculation)."""
     from mlx_lm.generate import speculative_generate_step

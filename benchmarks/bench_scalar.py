@@ -20,6 +20,7 @@ from mlx_lm.sample_utils import make_sampler
 from gmlx.config import SamplingParams
 from gmlx.data import load_prompts
 from gmlx.machine import describe
+from gmlx.models.cpu_fused import as_mlx_lm
 from gmlx.models.loading import load
 from gmlx.drafters.select import select_drafter
 from gmlx.decode.scalar import ScalarLane
@@ -38,6 +39,7 @@ def run_gmlx(lm, prompt, params, k, coupled=True, adaptive=False):
     return s.num_generated - 1, s.t_end - s.t_first_token, s.num_drafted, s.num_accepted
 
 
+@as_mlx_lm()  # mlx-lm's own operations (gmlx/models/cpu_fused.py)
 def run_mlx_lm(lm, prompt, params):
     sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
     n, t_first, t_end = 0, None, None

@@ -86,6 +86,7 @@ FIXED = dict(width_cap=0, prompt_cache_bytes=0)
 ARMS = {"plain": (EngineConfig(speculative=False, **FIXED), Switches(control=False)),
         "default": (EngineConfig(prompt_cache_bytes=0), Switches(control=True)),
         "k1": (EngineConfig(num_draft_tokens=1, **FIXED), Switches(control=False)),
+        "k2": (EngineConfig(num_draft_tokens=2, **FIXED), Switches(control=False)),
         "k3": (EngineConfig(num_draft_tokens=3, **FIXED), Switches(control=False))}
 # The default with one rule changed: (module, name, value) patched for the arm's run.
 VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first tries at the prior's K
@@ -191,10 +192,10 @@ class SimClock:
             b = bucket(width)
             k = (lane.scalar.last_k or 0) if kind in (Round.SCALAR, Round.SCALAR_LAST) else \
                 lane.spec._asked if kind is Round.SPECULATIVE else 0
-            ratio = CAPTURE if kind is Round.CAPTURE else self.ratio[b][k] if k else \
-                SHADOW if lane.batch.shadow is not None and kind in (Round.PLAIN, Round.PLAIN_LAST) else 1.0
+            shadowed = not k and lane.batch.shadow is not None and kind in (Round.PLAIN, Round.PLAIN_LAST)
+            ratio = CAPTURE if kind is Round.CAPTURE else self.ratio[b][k] if k else SHADOW if shadowed else 1.0
             self.t += self.plain[b] * ratio / 1000
-            self.rounds[b, "capture" if kind is Round.CAPTURE else k] += 1
+            self.rounds[b, "capture" if kind is Round.CAPTURE else "shadowed" if shadowed else k] += 1
             return results
 
         lanes.Lanes.run = timed_run
@@ -337,6 +338,8 @@ def main() -> None:
             base = res.get("plain", {}).get("tok_s")
             print(kind, c, same, {arm: round(r["tok_s"] / base, 3) if base else round(r["tok_s"], 2)
                                   for arm, r in res.items()}, flush=True)
+            for arm, r in res.items():
+                print("   ", arm, r.get("rounds"), flush=True)
     result = {"command": command_line("sim_control.py", a), "machine": describe(), "table": {
         "plain_ms": TABLES[a.model][0], "ratio": TABLES[a.model][1], "capture": CAPTURE,
         "probe": TABLES[a.model][2].verify}, "cells": cells}

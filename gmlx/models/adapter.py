@@ -11,7 +11,9 @@ Which hidden a drafter gets is the target's `hidden_convention` (see `gmlx.heads
   copy of the backbone whose `norm` is the identity (the layers, embedding and weights are the
   same objects) and applies the real norm itself: logits = lm_head(norm(h)), the same ops as
   mlx-lm's forward. The mlx-lm model is never modified, so `model(x)` (the plain path, and the
-  mlx-lm baselines that run `target.model`) stays exactly mlx-lm's, from any thread.
+  mlx-lm baselines that run `target.model`) stays exactly mlx-lm's, from any thread — except that
+  on the CPU backend its norms and rotary embeddings run fused at load (gmlx/models/cpu_fused.py:
+  the same bits, fewer operations; `as_mlx_lm()` runs them as mlx-lm does).
 
 `Target.check()` proves logits == `model(x)` on a real forward at load time, for either
 convention, so a family whose `__call__` adds something (logit soft-capping, scaling) is

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from gmlx.errors import ModelLoadError
 from gmlx.gguf import smollm2
-from gmlx.models import family
+from gmlx.models import cpu_fused, family
 from gmlx.models.adapter import POST_NORM, Target
 from gmlx.weights import DEFAULT_MODEL
 from gmlx.models.checkpoint import Checkpoint, load_beside, weights_error
@@ -183,6 +184,7 @@ def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) 
         if bad is None and "safetensors" not in str(e):
             raise
         raise weights_error(bad or p, e) from None
+    cpu_fused.install(model)  # norms and rotary embeddings fused on the CPU backend (cpu_fused.py)
     gmlx_head = load_head(p) if drafter else None
     if drafter and gmlx_head is None and (shipped := smollm2.shipped_head_dir(p)) is not None:
         gmlx_head = load_head(shipped)  # a known GGUF's conversion: the head gmlx trained for it
@@ -197,6 +199,8 @@ def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) 
         head = gmlx_head.bind(target)  # a draft-vocabulary head binds its own LM-head rows
     elif native is not None:
         head = BoundNativeHead(native[0], target, native[1].name)
+    if isinstance(getattr(head, "module", None), nn.Module):
+        cpu_fused.install(head.module)
     kind = head.kind if head is not None else None
     moe = family.is_moe(model)
     cap, source = family.default_cap(kind, moe, config.get("speculative_width_cap"))

@@ -1,0 +1,105 @@
+"""Fused RMSNorm and RoPE for MLX's CPU backend: the same operations, dispatched as fewer.
+
+Why: on the GPU backends `mx.fast.rms_norm` and `mx.fast.rope` are one kernel each; on the CPU
+backend MLX builds each from its fallback graph (a norm: astype, square, sum, rsqrt and four
+multiplies with their broadcasts; a rotary embedding: an arange, an exp chain, cos, sin, the
+rotation and a concatenate), and every operation is one task for the CPU stream's scheduler at
+~5-15 us each. SmolLM2-135M's one-token forward was 4,071 operations, ~10 ms of a 30 ms step.
+Traced through `mx.compile`, each becomes the same graph with its elementwise chains fused (2,563
+operations a forward): its results are bit-identical (tests/test_cpu_fused.py; the compiled
+kernels run the same float32 operations in the same order), and on this repository's 2-core CPU a
+SmolLM2 float32 decode step took ~0.85-0.94 of the time (docs/cpu_kernel.md).
+
+How: the loaded model's own `nn.RMSNorm` and `nn.RoPE` modules (exactly those classes, not their
+subclasses: Llama-3 or YaRN rotary embeddings keep mlx-lm's code) are given a subclass whose call
+runs a compiled function: the norm's shapeless (its graph does not depend on the rows; one trace
+per hidden size and eps), the rotary embedding's traced per input shape (its positions are
+arange(L) + offset) with the offset as an array input, so a new position is no new trace. Only on
+the CPU backend, and not under GMLX_COMPILE=0.
+
+mlx-lm's own loops run the same model objects: a benchmark's mlx-lm arm runs them unfused inside
+`as_mlx_lm()` (per thread), as users of mlx-lm run them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from gmlx.compiled import enabled
+
+_local = threading.local()  # .unfused: this thread runs mlx-lm's own calls (as_mlx_lm)
+_norms: dict[tuple, object] = {}  # (eps, hidden size) -> compiled rms_norm
+_ropes: dict[tuple, object] = {}  # (dims, traditional, base, scale) -> compiled rope
+
+
+@contextlib.contextmanager
+def as_mlx_lm():
+    """Within this block this thread runs the models' norms and rotary embeddings unfused:
+    exactly mlx-lm's operations (a benchmark's mlx-lm arm)."""
+    before = getattr(_local, "unfused", False)
+    _local.unfused = True
+    try:
+        yield
+    finally:
+        _local.unfused = before
+
+
+def _norm_fn(eps: float, dims: int):
+    key = (eps, dims)
+    if key not in _norms:
+        _norms[key] = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, eps), shapeless=True)
+    return _norms[key]
+
+
+def _rope_fn(dims: int, traditional: bool, base: float, scale: float):
+    key = (dims, traditional, base, scale)
+    if key not in _ropes:
+        _ropes[key] = mx.compile(lambda x, offset: mx.fast.rope(
+            x, dims, traditional=traditional, base=base, scale=scale, offset=offset))
+    return _ropes[key]
+
+
+class FusedRMSNorm(nn.RMSNorm):
+    """nn.RMSNorm through a compiled graph (the module docstring)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if getattr(_local, "unfused", False):
+            return super().__call__(x)
+        return _norm_fn(self.eps, self.weight.shape[-1])(x, self.weight)
+
+
+class FusedRoPE(nn.RoPE):
+    """nn.RoPE through a compiled graph, its offset an array input (the module docstring)."""
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        if getattr(_local, "unfused", False):
+            return super().__call__(x, offset)
+        if not isinstance(offset, mx.array):
+            offset = mx.array(offset, dtype=mx.int32)
+        return _rope_fn(self.dims, self.traditional, self.base, self.scale)(x, offset)
+
+
+_FUSED = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}
+
+
+def wanted() -> bool:
+    """Whether loaded models are fused here: MLX's CPU backend, compilation on."""
+    return mx.default_device().type == mx.cpu and enabled()
+
+
+def install(module: nn.Module) -> int:
+    """Give every nn.RMSNorm and nn.RoPE inside `module` its fused class (where `wanted`); the
+    number changed. Their weights and attributes stay the same objects."""
+    if not wanted():
+        return 0
+    n = 0
+    for _, m in module.named_modules():
+        fused = _FUSED.get(type(m))
+        if fused is not None:
+            m.__class__ = fused
+            n += 1
+    return n

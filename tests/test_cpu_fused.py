@@ -1,0 +1,102 @@
+"""The CPU backend's fused norms and rotary embeddings (gmlx/models/cpu_fused.py): the same bits as
+mlx-lm's modules, installed on what `load` returns, and off where they must be."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from gmlx.models import cpu_fused
+from gmlx.models.cpu_fused import FusedRMSNorm, FusedRoPE, as_mlx_lm, install
+
+
+def _same(a: mx.array, b: mx.array) -> bool:
+    return np.array_equal(np.array(a), np.array(b))  # sync: test
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 64), (1, 5, 64), (3, 2, 64), (2, 9, 1, 64)])
+def test_a_fused_norm_gives_mlx_lm_s_bits_at_every_shape(shape):
+    ref = nn.RMSNorm(64, eps=1e-6)
+    ref.weight = mx.random.normal((64,), key=mx.random.key(1))
+    fused = nn.RMSNorm(64, eps=1e-6)
+    fused.weight = ref.weight
+    assert install(fused) == 1 and type(fused) is FusedRMSNorm
+    x = mx.random.normal(shape, key=mx.random.key(2)) * 3
+    assert _same(fused(x), ref(x))
+
+
+def test_norms_of_other_sizes_or_eps_do_not_share_a_trace():
+    """The norm's trace is shapeless: its hidden size (the mean's divisor) and eps key it."""
+    a, b, c = nn.RMSNorm(64, eps=1e-5), nn.RMSNorm(32, eps=1e-5), nn.RMSNorm(32, eps=1e-2)
+    refs = [nn.RMSNorm(64, eps=1e-5), nn.RMSNorm(32, eps=1e-5), nn.RMSNorm(32, eps=1e-2)]
+    for m in (a, b, c):
+        install(m)
+    for m, r in zip((a, b, c), refs):
+        x = mx.random.normal((2, 3, r.weight.shape[0]), key=mx.random.key(3)) + 0.5
+        assert _same(m(x), r(x))
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("length,offset", [(1, 0), (1, 37), (2, 37), (7, 5), (1, 38)])
+def test_a_fused_rope_gives_mlx_lm_s_bits_at_any_offset(traditional, length, offset):
+    ref = nn.RoPE(64, traditional=traditional, base=100000.0)
+    fused = nn.RoPE(64, traditional=traditional, base=100000.0)
+    install(fused)
+    x = mx.random.normal((1, 9, length, 64), key=mx.random.key(4))
+    assert _same(fused(x, offset=offset), ref(x, offset=offset))
+    assert _same(fused(x, offset=mx.array(offset)), ref(x, offset=offset))
+
+
+def test_a_fused_rope_takes_a_batch_s_per_row_offsets():
+    ref, fused = nn.RoPE(32), nn.RoPE(32)
+    install(fused)
+    x = mx.random.normal((4, 3, 2, 32), key=mx.random.key(5))
+    offsets = mx.array([3, 0, 17, 9])
+    assert _same(fused(x, offset=offsets), ref(x, offset=offsets))
+
+
+def test_subclasses_keep_mlx_lm_s_code():
+    """A Llama-3 or YaRN rotary embedding subclasses nn.RoPE with other arithmetic: not touched."""
+
+    class Scaled(nn.RoPE):
+        pass
+
+    m = nn.Sequential(Scaled(32), nn.RMSNorm(8), nn.Linear(8, 8))
+    assert install(m) == 1
+    assert type(m.layers[0]) is Scaled and type(m.layers[1]) is FusedRMSNorm
+
+
+def test_as_mlx_lm_runs_the_modules_unfused(monkeypatch):
+    norm = nn.RMSNorm(16)
+    install(norm)
+    calls = []
+    monkeypatch.setattr(cpu_fused, "_norm_fn", lambda *a: calls.append(a) or (lambda x, w: mx.fast.rms_norm(x, w, 1e-5)))
+    x = mx.ones((1, 16))
+    with as_mlx_lm():
+        norm(x)
+    assert calls == []
+    norm(x)
+    assert calls == [(norm.eps, 16)]
+
+
+def test_nothing_is_fused_off_the_cpu_backend_or_with_compilation_off(monkeypatch):
+    monkeypatch.setenv("GMLX_COMPILE", "0")
+    m = nn.RMSNorm(8)
+    assert install(m) == 0 and type(m) is nn.RMSNorm
+    monkeypatch.delenv("GMLX_COMPILE")
+    monkeypatch.setattr(cpu_fused.mx, "default_device", lambda: mx.Device(mx.gpu))
+    assert install(m) == 0 and type(m) is nn.RMSNorm
+
+
+def test_load_fuses_the_target_s_and_the_head_s_modules(loaded_lm):
+    """What a user's `load` returns runs fused (the oracle suites run that model: their streams
+    are the fused forward's), and its logits are mlx-lm's unfused forward's, bit for bit."""
+    kinds = {type(m) for _, m in loaded_lm.target.model.named_modules()}
+    assert FusedRMSNorm in kinds and FusedRoPE in kinds and nn.RMSNorm not in kinds
+    if loaded_lm.head is not None:  # (GMLX_TEST_MODEL may name a model without one)
+        assert FusedRMSNorm in {type(m) for _, m in loaded_lm.head.module.named_modules()}
+    x = mx.array([[1, 2, 3, 40, 50, 600, 7]])
+    fused = loaded_lm.target.model(x)
+    with as_mlx_lm():
+        plain = loaded_lm.target.model(x)
+    assert _same(fused, plain)
