@@ -50,8 +50,8 @@ def modules(lm) -> list:
 def set_fused(mods: list, fused: dict, on: bool) -> None:
     """Each fused module to its fused class (on) or back to mlx-lm's (off)."""
     for m in mods:
-        if m in fused:
-            m.__class__ = fused[m] if on else _BASE[fused[m]]
+        if id(m) in fused:
+            m.__class__ = fused[id(m)] if on else _BASE[fused[id(m)]]
 
 
 def main() -> None:
@@ -67,7 +67,7 @@ def main() -> None:
     for model in a.models.split(","):
         lm = load(converted("float32" if model == "smollm2-f32" else "q"))
         mods = modules(lm)
-        fused = {m: type(m) for m in mods if type(m) in _BASE}
+        fused = {id(m): type(m) for m in mods if type(m) in _BASE}  # (modules are dicts: unhashable)
         for kind in a.kinds.split(","):
             prompts = prompt_sets(lm, "smollm2")[kind]
             for c in [int(x) for x in a.concurrency.split(",")]:

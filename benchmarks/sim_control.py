@@ -52,14 +52,20 @@ from common import closed_loop as run_closed_loop, command_line, write_result
 # durations, control off, K fixed, 4 interleaved repeats of 40 tokens); the period's host work
 # outside a round (~1 ms at width 1 now: 30-34 tok/s plain end to end) is left out. Width 8:
 # extrapolated — its speculative rounds verify 16-32 rows, past the kernel's 8, as width 4's K = 2 / 3.
-PLAIN = {1: 30.6, 2: 39.2, 4: 44.6, 8: 58.0}
-RATIO = {1: {1: 1.33, 2: 1.56, 3: 1.88}, 2: {1: 1.38, 2: 1.69, 3: 1.88}, 4: {1: 1.54, 2: 2.46, 3: 2.45},
+# With the models' norms and rotary embeddings fused too (gmlx/models/cpu_fused.py), `--measure 1,2,4`
+# on 2026-12-06 (the rows before it: "smollm2-f32-unfused" below; width 8 unchanged, extrapolated):
+PLAIN = {1: 28.2, 2: 31.0, 4: 42.3, 8: 58.0}
+RATIO = {1: {1: 1.34, 2: 1.50, 3: 1.71}, 2: {1: 1.41, 2: 1.82, 3: 2.10}, 4: {1: 1.60, 2: 2.76, 3: 2.56},
          8: {1: 2.40, 2: 3.00, 3: 3.40}}
+UNFUSED = ({1: 30.6, 2: 39.2, 4: 44.6, 8: 58.0},
+           {1: {1: 1.33, 2: 1.56, 3: 1.88}, 2: {1: 1.38, 2: 1.69, 3: 1.88}, 4: {1: 1.54, 2: 2.46, 3: 2.45},
+            8: {1: 2.40, 2: 3.00, 3: 3.40}})
 # the load probe here (its figures on SmolLM2 with the kernel, 2026-12-05: a 48-token context; the
 # forwards of the 6-16 tokens that widths 2 and 4 verify at K = 1-3, gmlx/decode/probe.py)
 PROBE = Costs(verify=(1.0, 1.07, 1.28, 1.34), draft=0.04, source="measured (simulated)",
               rows=((1, 1.0), (2, 1.07), (3, 1.28), (4, 1.34), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
 # 4-bit (its one-token steps through the float32 twin): `--model smollm2-q --measure 1,2,4`, as above.
+# (4-bit: measured before the norms and rotary embeddings were fused)
 Q_TABLE = ({1: 32.0, 2: 35.3, 4: 45.0, 8: 58.0},
            {1: {1: 1.20, 2: 1.46, 3: 1.66}, 2: {1: 1.41, 2: 1.81, 3: 1.97}, 4: {1: 1.52, 2: 2.54, 3: 2.51},
             8: {1: 2.40, 2: 3.00, 3: 3.40}},
@@ -74,7 +80,7 @@ OPENBLAS = {"smollm2-f32": ({1: 63.0, 2: 69.0, 4: 79.0, 8: 105.0},
                           {1: {1: 1.25, 2: 1.39, 3: 1.50}, 2: {1: 1.28, 2: 1.41, 3: 1.48},
                            4: {1: 1.16, 2: 1.55, 3: 1.54}, 8: {1: 1.25, 2: 1.60, 3: 1.70}},
                           Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))}
-TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-q": Q_TABLE} | {f"{m}-openblas": t for m, t in OPENBLAS.items()}
+TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-f32-unfused": (*UNFUSED, PROBE), "smollm2-q": Q_TABLE} | {f"{m}-openblas": t for m, t in OPENBLAS.items()}
 # a gated batch's plain round with shadow rounds (gmlx/decode/batch_shadow.py): 0.99-1.02x of one
 # without by round durations (`--shadow-cost 2,4`, 2026-12-05, before and with the kernel), but in wall
 # time with the kernel a forced-plain float32 closed loop at c = 2 took 1.01-1.14x (4 repeats, median

@@ -103,7 +103,8 @@ TREE = _on_off("GMLX_TREE", False, "the lone request may verify a token tree, wh
 ROUND_COSTS = Switch("GMLX_ROUND_COSTS", "prior (unset: measured)", None, "use built-in round cost estimates", _prior)
 DEQUANTIZED_VERIFY = _on_off("GMLX_DEQUANTIZED_VERIFY", True, "a quantized target on the CPU verifies through a twin")
 DEQUANTIZED_DECODE = _on_off("GMLX_DEQUANTIZED_DECODE", None, "the twin's one-token steps too (on) or not (off)")
-COMPILE = _on_off("GMLX_COMPILE", True, "the sampler, acceptance and assistant draft graphs run through mx.compile")
+COMPILE = _on_off("GMLX_COMPILE", True, "the sampler, acceptance and assistant draft graphs (and on the CPU the"
+                  " models' norms and rotary embeddings) run through mx.compile")
 OPENBLAS = _on_off("GMLX_OPENBLAS", True, "load OpenBLAS for MLX's CPU matmuls at `import gmlx` (Linux)")
 SMALL_GEMM = _on_off("GMLX_SMALL_GEMM", True, "gmlx's small-M sgemm takes MLX's CPU matmuls of <= 8 rows (Linux)")
 CACHE = Switch("GMLX_CACHE", "a directory", None, "where GGUF conversions go (default ~/.cache/gmlx)", _text)
