@@ -100,3 +100,27 @@ def test_load_fuses_the_target_s_and_the_head_s_modules(loaded_lm):
     with as_mlx_lm():
         plain = loaded_lm.target.model(x)
     assert _same(fused, plain)
+
+
+def test_threads_tracing_new_shapes_at_once_get_mlx_lm_s_bits():
+    """Two engines' threads may meet a new shape together: each call is whole (cpu_fused._lock)."""
+    import threading
+
+    ropes = [nn.RoPE(16, base=500.0) for _ in range(4)]
+    for r in ropes:
+        install(r)
+    ref = nn.RoPE(16, base=500.0)
+    errors = []
+
+    def work(i):
+        for n in range(1, 12):
+            x = mx.random.normal((1, 2 + i, n, 16), key=mx.random.key(n))
+            if not _same(ropes[i](x, offset=n), ref(x, offset=n)):
+                errors.append((i, n))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

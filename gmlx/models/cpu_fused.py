@@ -32,6 +32,9 @@ import mlx.nn as nn
 from gmlx.compiled import enabled
 
 _local = threading.local()  # .unfused: this thread runs mlx-lm's own calls (as_mlx_lm)
+# One thread at a time in a compiled call: a new shape traces the function (Python, the GIL released
+# between bytecodes) into MLX's compile cache, which two engines' threads must not fill at once.
+_lock = threading.Lock()
 _norms: dict[tuple, object] = {}  # (eps, hidden size) -> compiled rms_norm
 _ropes: dict[tuple, object] = {}  # (dims, traditional, base, scale) -> compiled rope
 
@@ -69,7 +72,8 @@ class FusedRMSNorm(nn.RMSNorm):
     def __call__(self, x: mx.array) -> mx.array:
         if getattr(_local, "unfused", False):
             return super().__call__(x)
-        return _norm_fn(self.eps, self.weight.shape[-1])(x, self.weight)
+        with _lock:
+            return _norm_fn(self.eps, self.weight.shape[-1])(x, self.weight)
 
 
 class FusedRoPE(nn.RoPE):
@@ -80,7 +84,8 @@ class FusedRoPE(nn.RoPE):
             return super().__call__(x, offset)
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
-        return _rope_fn(self.dims, self.traditional, self.base, self.scale)(x, offset)
+        with _lock:
+            return _rope_fn(self.dims, self.traditional, self.base, self.scale)(x, offset)
 
 
 _FUSED = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}
