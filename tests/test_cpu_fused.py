@@ -1,4 +1,4 @@
-"""The CPU backend's fused norms and rotary embeddings (gmlx/models/cpu_fused.py): the same bits as
+"""The CPU backend's fused norms and rotary embeddings (gmlx/models/cpu_fused.py): the same values as
 mlx-lm's modules, installed on what `load` returns, and off where they must be."""
 
 import mlx.core as mx
@@ -11,11 +11,13 @@ from gmlx.models.cpu_fused import FusedRMSNorm, FusedRoPE, as_mlx_lm, install
 
 
 def _same(a: mx.array, b: mx.array) -> bool:
-    return np.array_equal(np.array(a), np.array(b))  # sync: test
+    """Equal within float32's last bits: here the fused kernels give the very bits (max |diff| 0.0), but
+    a compiler that contracts a multiply and an add into one instruction rounds once, not twice."""
+    return np.allclose(np.array(a), np.array(b), rtol=2e-6, atol=2e-6)  # sync: test
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 64), (1, 5, 64), (3, 2, 64), (2, 9, 1, 64)])
-def test_a_fused_norm_gives_mlx_lm_s_bits_at_every_shape(shape):
+def test_a_fused_norm_gives_mlx_lm_s_values_at_every_shape(shape):
     ref = nn.RMSNorm(64, eps=1e-6)
     ref.weight = mx.random.normal((64,), key=mx.random.key(1))
     fused = nn.RMSNorm(64, eps=1e-6)
@@ -38,7 +40,7 @@ def test_norms_of_other_sizes_or_eps_do_not_share_a_trace():
 
 @pytest.mark.parametrize("traditional", [False, True])
 @pytest.mark.parametrize("length,offset", [(1, 0), (1, 37), (2, 37), (7, 5), (1, 38)])
-def test_a_fused_rope_gives_mlx_lm_s_bits_at_any_offset(traditional, length, offset):
+def test_a_fused_rope_gives_mlx_lm_s_values_at_any_offset(traditional, length, offset):
     ref = nn.RoPE(64, traditional=traditional, base=100000.0)
     fused = nn.RoPE(64, traditional=traditional, base=100000.0)
     install(fused)
@@ -90,7 +92,7 @@ def test_nothing_is_fused_off_the_cpu_backend_or_with_compilation_off(monkeypatc
 
 def test_load_fuses_the_target_s_and_the_head_s_modules(loaded_lm):
     """What a user's `load` returns runs fused (the oracle suites run that model: their streams
-    are the fused forward's), and its logits are mlx-lm's unfused forward's, bit for bit."""
+    are the fused forward's), and its logits are mlx-lm's unfused forward's."""
     kinds = {type(m) for _, m in loaded_lm.target.model.named_modules()}
     assert FusedRMSNorm in kinds and FusedRoPE in kinds and nn.RMSNorm not in kinds
     if loaded_lm.head is not None:  # (GMLX_TEST_MODEL may name a model without one)
@@ -102,7 +104,7 @@ def test_load_fuses_the_target_s_and_the_head_s_modules(loaded_lm):
     assert _same(fused, plain)
 
 
-def test_threads_tracing_new_shapes_at_once_get_mlx_lm_s_bits():
+def test_threads_tracing_new_shapes_at_once_get_mlx_lm_s_values():
     """Two engines' threads may meet a new shape together: each call is whole (cpu_fused._lock)."""
     import threading
 

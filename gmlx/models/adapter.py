@@ -13,7 +13,7 @@ Which hidden a drafter gets is the target's `hidden_convention` (see `gmlx.heads
   mlx-lm's forward. The mlx-lm model is never modified, so `model(x)` (the plain path, and the
   mlx-lm baselines that run `target.model`) stays exactly mlx-lm's, from any thread — except that
   on the CPU backend its norms and rotary embeddings run fused at load (gmlx/models/cpu_fused.py:
-  the same bits, fewer operations; `as_mlx_lm()` runs them as mlx-lm does).
+  the same values, fewer operations; `as_mlx_lm()` runs them as mlx-lm does).
 
 `Target.check()` proves logits == `model(x)` on a real forward at load time, for either
 convention, so a family whose `__call__` adds something (logit soft-capping, scaling) is

@@ -6,8 +6,9 @@ multiplies with their broadcasts; a rotary embedding: an arange, an exp chain, c
 rotation and a concatenate), and every operation is one task for the CPU stream's scheduler at
 ~5-15 us each. SmolLM2-135M's one-token forward was 4,071 operations, ~10 ms of a 30 ms step.
 Traced through `mx.compile`, each becomes the same graph with its elementwise chains fused (2,563
-operations a forward): its results are bit-identical (tests/test_cpu_fused.py; the compiled
-kernels run the same float32 operations in the same order), and on this repository's 2-core CPU
+operations a forward): its results are the same (tests/test_cpu_fused.py; the compiled kernels run
+the same float32 operations in the same order: here bit-identical, logits max |diff| 0.0; a compiler
+that contracts a multiply and an add rounds once instead of twice), and on this repository's 2-core CPU
 SmolLM2 decoded plain 1.04-1.19x faster (bench_results/20261206T002555Z; docs/cpu_kernel.md).
 
 How: the loaded model's own `nn.RMSNorm` and `nn.RoPE` modules (exactly those classes, not their
