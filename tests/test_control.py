@@ -939,6 +939,23 @@ def test_a_width_far_from_paying_stops_its_shadows_after_their_span(monkeypatch,
             assert c.k == 0 and thresholds.TRY_FIRST <= c.best_spec[1] < thresholds.SHADOW_STOP, c
 
 
+def test_a_new_engine_s_batch_starts_without_shadows_where_the_width_is_far_from_paying():
+    """far_from_paying reads the width's shared figures, not the engine's: the next engine on the
+    same target (the next bench cell, a server's next Engine) does not shadow its batch again for
+    SHADOW_SPAN rounds before the choice it inherits is confirmed (in bench_control's sequence on
+    the simulated clock every repeat's first ~25 rounds at width 4 shadowed where nothing pays)."""
+    target = _Target()
+    ctl = Controller(target, "mtp", ROWS)
+    for _ in range(width_control.SHADOW_SPAN + MIN_EVIDENCE):
+        assert ctl.choose(4, 3, shadowed=not ctl.far_from_paying(4)).k == 0
+        feed(ctl, 4, 0, 0.01, accepted=0)
+        ctl.shadowed(4, [(1, 0)] * 4)
+    assert ctl.far_from_paying(4)
+    nxt = Controller(target, "mtp", ROWS)  # a new engine: its own `last`, the width's figures shared
+    assert nxt.last == {} and nxt.far_from_paying(4) and nxt.decided_plain(4)
+    assert not Controller(target, "ngram", ROWS).far_from_paying(4)  # (another drafter's figures: none yet)
+
+
 def test_a_batch_far_from_paying_drops_its_shadows_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch):
     """A speculative round timed at 6 plain ones: once width 2 has measured that, its plain
     stretch is predicted far under plain, and after SHADOW_SPAN rounds its batch decodes plain

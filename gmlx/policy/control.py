@@ -194,7 +194,7 @@ class Controller:
         if before is not None and (before == 0) != (wc.current == 0):  # a plain window is no switch
             self.switches += 1
             self.switched.append((width, choice.reason))
-        self.last[bucket(width)] = choice
+        self.last[bucket(width)] = wc.last_choice = choice
         return choice
 
     def _nearest_timed(self, b: int) -> tuple[int, WidthControl] | None:
@@ -220,7 +220,8 @@ class Controller:
         SHADOW_STOP, short of a switch (a query): its shadow rounds, which had that long to see the
         drafts agree more, then cost more than they can change — with the CPU's small-M kernel ~7 %
         of a SmolLM2 float32 batch's CPU time — and its exploration (EXPLORE_FIRST, doubling) measures instead."""
-        wc, c = self._shared.get((self.drafter_kind, bucket(width))), self.last.get(bucket(width))
+        wc = self._shared.get((self.drafter_kind, bucket(width)))
+        c = wc.last_choice if wc is not None else None  # (shared: a new engine's batch starts without them)
         return (wc is not None and c is not None and wc.current == 0 and wc.settled()
                 and wc.rounds_in_choice >= width_control.SHADOW_SPAN
                 and (c.best_spec is None or c.best_spec[1] < width_control.SHADOW_STOP))

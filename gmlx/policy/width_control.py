@@ -1,7 +1,6 @@
-"""One width's online control (gmlx/policy/control.py has the whole rule): the figures measured
-at a width bucket, the choice in force, and the hysteresis, tries and exploration that move it
-(their thresholds, each with why: gmlx/policy/thresholds.py).
-Pure arithmetic over host-side figures; the control never moves a token."""
+"""One width's online control (gmlx/policy/control.py has the whole rule): the figures measured at a width
+bucket, the choice in force, and the hysteresis, tries and exploration that move it (their thresholds,
+each with why: gmlx/policy/thresholds.py). Pure arithmetic over host figures; it never moves a token."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FA
                                     SHADOW_STOP, TRY_FIRST, TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
-
 
 def acceptance_doubt(acc: Acceptance) -> float:
     """The relative standard error of a round's tokens from the acceptance's own count of drafts
@@ -58,6 +56,7 @@ class WidthControl:
         self.tentative = False  # speculation tried (first, or exploring), not yet sure to pay
         self.far = False  # the choice in force is predicted at least FAR (no plain window is owed)
         self.lift: dict[int, float] = {}  # per k: this width's round cost over the nearest timed width's (`choose`)
+        self.last_choice: Choice | None = None  # the last choice made here, by any engine (Controller.choose)
 
     def settled(self) -> bool:
         """The choice in force held MIN_EVIDENCE rounds, nothing pending (the Controller may reuse it)."""
