@@ -19,6 +19,7 @@ from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FA
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
+
 def acceptance_doubt(acc: Acceptance) -> float:
     """The relative standard error of a round's tokens from the acceptance's own count of drafts
     (binomial, first position): a lone request sent plain with a gain this near 1 explores again
