@@ -27,7 +27,7 @@ from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.gguf.smollm2 import converted
 from gmlx.machine import describe
-from gmlx.models.cpu_fused import FusedRMSNorm, FusedRoPE
+from gmlx.models.cpu_fused import FUSED
 from gmlx.models.loading import load
 from gmlx.policy import control
 
@@ -36,7 +36,7 @@ from common import closed_loop, command_line, write_result
 
 ARMS = {"plain": (EngineConfig(speculative=False, prompt_cache_bytes=0), Switches(control=False)),
         "default": (EngineConfig(prompt_cache_bytes=0), Switches(control=True))}
-_BASE = {FusedRMSNorm: nn.RMSNorm, FusedRoPE: nn.RoPE}
+_BASE = {fused: base for base, fused in FUSED.items()}
 
 
 def modules(lm) -> list:
@@ -47,11 +47,10 @@ def modules(lm) -> list:
     return [m for r in roots for _, m in r.named_modules()]
 
 
-def set_fused(mods: list, fused: dict, on: bool) -> None:
-    """Each fused module to its fused class (on) or back to mlx-lm's (off)."""
-    for m in mods:
-        if id(m) in fused:
-            m.__class__ = fused[id(m)] if on else _BASE[fused[id(m)]]
+def set_fused(mods: list, on: bool) -> None:
+    """Each fused module (as `load` left them) to its fused class (on) or back to mlx-lm's (off)."""
+    for m, base in mods:
+        m.__class__ = FUSED[base] if on else base
 
 
 def main() -> None:
@@ -66,8 +65,7 @@ def main() -> None:
     cells = []
     for model in a.models.split(","):
         lm = load(converted("float32" if model == "smollm2-f32" else "q"))
-        mods = modules(lm)
-        fused = {id(m): type(m) for m in mods if type(m) in _BASE}  # (modules are dicts: unhashable)
+        mods = [(m, _BASE[type(m)]) for m in modules(lm) if type(m) in _BASE]
         for kind in a.kinds.split(","):
             prompts = prompt_sets(lm, "smollm2")[kind]
             for c in [int(x) for x in a.concurrency.split(",")]:
@@ -76,13 +74,13 @@ def main() -> None:
                 for rep in range(a.repeats + 1):  # the first: a warm-up, not counted
                     for name in (names if rep % 2 == 0 else names[::-1]):
                         arm, side = name.split("-")
-                        set_fused(mods, fused, side == "fused")
+                        set_fused(mods, side == "fused")
                         cfg, sw = ARMS[arm]
                         control.forget(lm.target)  # each run as a fresh process's: no figures of the other side
                         r = closed_loop(Engine(lm, cfg, switches=sw), prompts, c, a.max_tokens)
                         if rep:
                             runs[name].append(r)
-                set_fused(mods, fused, True)
+                set_fused(mods, True)
                 base = runs["plain-unfused"]
                 same = all(r["out"] == base[0]["out"] for rs in runs.values() for r in rs)
                 cell = {"model": model, "kind": kind, "c": c, "same_tokens": same, "arms": {

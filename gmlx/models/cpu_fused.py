@@ -89,7 +89,7 @@ class FusedRoPE(nn.RoPE):
             return _rope_fn(self.dims, self.traditional, self.base, self.scale)(x, offset)
 
 
-_FUSED = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}
+FUSED = {nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE}  # mlx-lm's class -> its fused subclass
 
 
 def wanted() -> bool:
@@ -104,7 +104,7 @@ def install(module: nn.Module) -> int:
         return 0
     n = 0
     for _, m in module.named_modules():
-        fused = _FUSED.get(type(m))
+        fused = FUSED.get(type(m))
         if fused is not None:
             m.__class__ = fused
             n += 1
