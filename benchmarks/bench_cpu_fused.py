@@ -7,7 +7,8 @@ mlx-lm classes for its runs (what GMLX_COMPILE=0 loads, without its other effect
 (benchmarks/common.py) over a kind's prompts, EOS ignored; arms interleaved, the order alternating
 per repeat; each run starts with nothing learnt (the control's figures from the other side would
 mix in); the load probe's costs are the fused model's. A cell's figure is the median of per-repeat
-ratios to plain unfused. Tokens are checked equal across the arms (greedy).
+ratios to the first arm (plain unfused). Tokens are checked equal across the arms (greedy). `--sides
+noangles,fused` compares the fused modules with and without the rotary angles kept per position.
 
 Run: ``python benchmarks/bench_cpu_fused.py --models smollm2-f32,smollm2-q --concurrency 1,4 --repeats 5``
 Writes bench_results/<utc>_cpu_fused.json and .md.
@@ -27,6 +28,7 @@ from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
 from gmlx.gguf.smollm2 import converted
 from gmlx.machine import describe
+from gmlx.models import cpu_fused
 from gmlx.models.cpu_fused import FUSED
 from gmlx.models.loading import load
 from gmlx.policy import control
@@ -60,6 +62,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sides", default="unfused,fused", help="unfused, fused, noangles (fused, each rotary call"
+                    " computing its angles: cpu_fused.ANGLES off); the first is the base")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
     a = ap.parse_args()
     cells = []
@@ -69,19 +73,21 @@ def main() -> None:
         for kind in a.kinds.split(","):
             prompts = prompt_sets(lm, "smollm2")[kind]
             for c in [int(x) for x in a.concurrency.split(",")]:
-                names = [f"{arm}-{side}" for arm in ARMS for side in ("unfused", "fused")]
+                names = [f"{arm}-{side}" for arm in ARMS for side in a.sides.split(",")]
                 runs: dict[str, list] = {n: [] for n in names}
                 for rep in range(a.repeats + 1):  # the first: a warm-up, not counted
                     for name in (names if rep % 2 == 0 else names[::-1]):
                         arm, side = name.split("-")
-                        set_fused(mods, side == "fused")
+                        set_fused(mods, side != "unfused")
+                        cpu_fused.ANGLES = side != "noangles"
                         cfg, sw = ARMS[arm]
                         control.forget(lm.target)  # each run as a fresh process's: no figures of the other side
                         r = closed_loop(Engine(lm, cfg, switches=sw), prompts, c, a.max_tokens)
                         if rep:
                             runs[name].append(r)
                 set_fused(mods, True)
-                base = runs["plain-unfused"]
+                cpu_fused.ANGLES = True
+                base = runs[names[0]]
                 same = all(r["out"] == base[0]["out"] for rs in runs.values() for r in rs)
                 cell = {"model": model, "kind": kind, "c": c, "same_tokens": same, "arms": {
                     n: {"tok_s": statistics.median(r["tok_s"] for r in rs),
@@ -93,12 +99,12 @@ def main() -> None:
     result = {"command": command_line("bench_cpu_fused.py", a), "machine": describe(), "cells": cells}
     path = write_result(a.out, "cpu_fused", result)
     names = list(cells[0]["arms"]) if cells else []
-    lines = [f"`{result['command']}`", "", "Tokens/s relative to plain decoding unfused (median of per-repeat ratios);"
+    lines = [f"`{result['command']}`", "", f"Tokens/s relative to {names[0]} (median of per-repeat ratios);"
              " tokens identical across arms: " + str(all(c["same_tokens"] for c in cells)), "",
-             "| model | prompts | c | plain unfused tok/s | " + " | ".join(names) + " |",
+             f"| model | prompts | c | {names[0]} tok/s | " + " | ".join(names) + " |",
              "|---|---|---|---|" + "---|" * len(names)]
     for c in cells:
-        lines.append(f"| {c['model']} | {c['kind']} | {c['c']} | {c['arms']['plain-unfused']['tok_s']:.1f} | "
+        lines.append(f"| {c['model']} | {c['kind']} | {c['c']} | {c['arms'][names[0]]['tok_s']:.1f} | "
                      + " | ".join(f"{c['arms'][n]['ratio']:.3f}x" for n in names) + " |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(path)

@@ -115,6 +115,23 @@ VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first 
                         min(_real(self, width), max(1, 8 // width - 1)))]}
 
 
+def _untimed_shadow_variant():
+    """A gated batch's shadowed plain rounds are not timed as plain ones (their period holds the replays)."""
+    from gmlx.decode.batch import BatchLoop
+    real_plain, real_observe, flag = BatchLoop.plain_round, speculation.Speculation.observe, [False]
+
+    def plain_round(self, *a, **kw):
+        flag[0] = self.shadow is not None
+        return real_plain(self, *a, **kw)
+
+    def observe(self, kind, *a, **kw):
+        real_observe(self, kind, *a, **kw)
+        if flag[0] and kind in (Round.PLAIN, Round.PLAIN_LAST):
+            self._pending = None
+        flag[0] = False
+    return [(BatchLoop, "plain_round", plain_round), (speculation.Speculation, "observe", observe)]
+
+
 def _shadowed_no_explore(self, width, records, _real=control.Controller.shadowed):
     """A gated width's shadow records count as its exploration: fresh K = 1 figures, so its plain
     run starts over (no try from plain; a resume only on the figures)."""
@@ -172,6 +189,7 @@ VARIANTS["nolift"] = [(width_control.WidthControl, "choose",
 
 # a plain width's shadows stopped at another level than thresholds.SHADOW_STOP (1.05; 0.9 before 2026-12-05)
 VARIANTS |= {f"far{round(100 * v)}": [(width_control, "SHADOW_STOP", v)] for v in (0.9, 1.0, 99.0)}
+VARIANTS["untimedshadow"] = _untimed_shadow_variant()
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
 

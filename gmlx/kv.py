@@ -35,6 +35,24 @@ from mlx_lm.models.cache import KVCache
 Mask = mx.array | str | None
 
 
+# Every layer's cache holds the same lengths: they share one offset array per lengths (the last
+# few kept), so a fused rotary embedding computes a forward's angles once for all its layers
+# (gmlx/models/cpu_fused.py, keyed by the array). Bounded: cleared past SHARED_OFFSETS entries.
+_offsets: dict[bytes, mx.array] = {}
+SHARED_OFFSETS = 64
+
+
+def _offset_of(lengths: np.ndarray) -> mx.array:
+    key = lengths.astype(np.int32).tobytes()
+    off = _offsets.get(key)
+    if off is None:
+        if len(_offsets) >= SHARED_OFFSETS:
+            _offsets.clear()
+        # Built from host data, so creating it never waits on the device.
+        off = _offsets[key] = mx.array(lengths.astype(np.int32))
+    return off
+
+
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
@@ -50,8 +68,7 @@ class RaggedKVCache:
     # -- bookkeeping -------------------------------------------------------
     def _set_lengths(self, lengths: np.ndarray) -> None:
         self._lengths = np.asarray(lengths, dtype=np.int64).copy()
-        # Built from host data, so creating it never waits on the device.
-        self.offset = mx.array(self._lengths.astype(np.int32))
+        self.offset = _offset_of(self._lengths)
 
     @property
     def lengths(self) -> np.ndarray:

@@ -57,6 +57,81 @@ def test_a_fused_rope_takes_a_batch_s_per_row_offsets():
     assert _same(fused(x, offset=offsets), ref(x, offset=offsets))
 
 
+@pytest.mark.parametrize("dims,base,scale", [(64, 100000.0, 1.0), (32, 10000.0, 0.25), (128, 500000.0, 1.0)])
+@pytest.mark.parametrize("length,offset", [(1, 0), (1, 4095), (2, 37), (4, 120), (7, 5)])
+def test_a_rope_at_a_host_position_shares_its_angles_and_gives_mlx_lm_s_bits(dims, base, scale, length, offset):
+    """An int offset (a KVCache's) takes the kept angles and one compiled rotation: mx.fast.rope's
+    very bits (the same products, summed in the same order), not only its values."""
+    ref = nn.RoPE(dims, base=base, scale=scale)
+    fused = nn.RoPE(dims, base=base, scale=scale)
+    install(fused)
+    cpu_fused.angles_kept().clear()
+    x = mx.random.normal((1, 9, length, dims), key=mx.random.key(6)) * 2
+    out = fused(x, offset=offset)
+    assert list(cpu_fused.angles_kept()) == [(dims, base, scale, offset, length)]  # it took the angles path
+    assert np.array_equal(np.array(out), np.array(ref(x, offset=offset)))  # sync: test
+    fused(x[:, :3], offset=offset)  # another layer's call at the same position: the same angles
+    assert len(cpu_fused.angles_kept()) == 1
+
+
+def test_a_batch_s_per_row_offsets_share_their_angles_across_layers_bit_for_bit():
+    """Every layer's RaggedKVCache gives the same offsets array (gmlx/kv.py): the angles are
+    computed once for it, and the rotation gives mx.fast.rope's very bits at per-row positions."""
+    from gmlx.kv import RaggedKVCache
+
+    layers = [RaggedKVCache.lift([_kv(n) for n in (5, 120, 0)]) for _ in range(2)]
+    assert layers[0].offset is layers[1].offset
+    ref, fused = nn.RoPE(64, base=100000.0), nn.RoPE(64, base=100000.0)
+    install(fused)
+    cpu_fused.angles_kept().clear()
+    x = mx.random.normal((3, 9, 2, 64), key=mx.random.key(8))
+    for c in layers:
+        assert np.array_equal(np.array(fused(x, offset=c.offset)), np.array(ref(x, offset=c.offset)))  # sync: test
+    assert len(cpu_fused.angles_kept()) == 1
+
+
+def _kv(n: int):
+    from mlx_lm.models.cache import KVCache
+
+    c = KVCache()
+    if n:
+        c.update_and_fetch(mx.zeros((1, 3, n, 64)), mx.zeros((1, 3, n, 64)))
+    return c
+
+
+def test_kept_angles_are_bounded_and_the_other_cases_take_the_compiled_fallback(monkeypatch):
+    fused = nn.RoPE(16)
+    install(fused)
+    cpu_fused.angles_kept().clear()
+    x = mx.random.normal((1, 2, 1, 16), key=mx.random.key(7))
+    for n in range(cpu_fused.ANGLES_KEPT + 5):
+        assert _same(fused(x, offset=n), nn.RoPE(16)(x, offset=n))
+    assert len(cpu_fused.angles_kept()) == cpu_fused.ANGLES_KEPT
+    cpu_fused.angles_kept().clear()
+    partial, trad = nn.RoPE(8), nn.RoPE(16, traditional=True)  # fewer dims than the head's; traditional
+    install(partial), install(trad)
+    assert _same(partial(x, offset=3), nn.RoPE(8)(x, offset=3))
+    assert _same(trad(x, offset=3), nn.RoPE(16, traditional=True)(x, offset=3))
+    assert _same(fused(x.astype(mx.float16), offset=3), nn.RoPE(16)(x.astype(mx.float16), offset=3))
+    monkeypatch.setattr(cpu_fused, "ANGLES", False)
+    assert _same(fused(x, offset=3), nn.RoPE(16)(x, offset=3))
+    assert not cpu_fused.angles_kept()  # none of these took the angles path
+
+
+def test_a_forward_at_a_host_position_computes_its_angles_once(loaded_lm, tmp_path):
+    """Every layer's rotary embedding at one KVCache position reads the same kept angles: the
+    forward's graph holds one cos and one sin (SmolLM2: 2,629 -> 2,172 operations)."""
+    import re
+
+    target = loaded_lm.target
+    cache = target.make_cache()
+    mx.eval(target.model(mx.array([[1, 2, 3, 4]]), cache=cache), [c.state for c in cache])  # sync: test (the prompt)
+    dot = tmp_path / "g.dot"
+    mx.export_to_dot(str(dot), target.model(mx.array([[5]]), cache=cache))
+    labels = re.findall(r'label ="([^"]+)"', dot.read_text())
+    assert labels.count("Cos") == 1 and labels.count("Sin") == 1
+
+
 def test_subclasses_keep_mlx_lm_s_code():
     """A Llama-3 or YaRN rotary embedding subclasses nn.RoPE with other arithmetic: not touched."""
 
