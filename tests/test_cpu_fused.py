@@ -65,13 +65,15 @@ def test_a_rope_at_a_host_position_shares_its_angles_and_gives_mlx_lm_s_bits(dim
     ref = nn.RoPE(dims, base=base, scale=scale)
     fused = nn.RoPE(dims, base=base, scale=scale)
     install(fused)
-    cpu_fused.angles_kept().clear()
     x = mx.random.normal((1, 9, length, dims), key=mx.random.key(6)) * 2
-    out = fused(x, offset=offset)
-    assert list(cpu_fused.angles_kept()) == [(dims, base, scale, offset, length)]  # it took the angles path
+    with cpu_fused.one_forward():
+        out = fused(x, offset=offset)
+        assert list(cpu_fused._local.angles) == [(dims, base, scale, offset, length)]  # the angles path
+        fused(x[:, :3], offset=offset)  # another layer's call at the same position: the same angles
+        assert len(cpu_fused._local.angles) == 1
     assert np.array_equal(np.array(out), np.array(ref(x, offset=offset)))  # sync: test
-    fused(x[:, :3], offset=offset)  # another layer's call at the same position: the same angles
-    assert len(cpu_fused.angles_kept()) == 1
+    assert getattr(cpu_fused._local, "angles", None) is None  # nothing outlives the forward
+    assert np.array_equal(np.array(fused(x, offset=offset)), np.array(ref(x, offset=offset)))  # sync: test (unscoped)
 
 
 def test_a_batch_s_per_row_offsets_share_their_angles_across_layers_bit_for_bit():
@@ -83,11 +85,12 @@ def test_a_batch_s_per_row_offsets_share_their_angles_across_layers_bit_for_bit(
     assert layers[0].offset is layers[1].offset
     ref, fused = nn.RoPE(64, base=100000.0), nn.RoPE(64, base=100000.0)
     install(fused)
-    cpu_fused.angles_kept().clear()
     x = mx.random.normal((3, 9, 2, 64), key=mx.random.key(8))
-    for c in layers:
-        assert np.array_equal(np.array(fused(x, offset=c.offset)), np.array(ref(x, offset=c.offset)))  # sync: test
-    assert len(cpu_fused.angles_kept()) == 1
+    with cpu_fused.one_forward():
+        outs = [fused(x, offset=c.offset) for c in layers]
+        assert len(cpu_fused._local.angles) == 1
+    for out, c in zip(outs, layers):
+        assert np.array_equal(np.array(out), np.array(ref(x, offset=c.offset)))  # sync: test
 
 
 def _kv(n: int):
@@ -99,23 +102,20 @@ def _kv(n: int):
     return c
 
 
-def test_kept_angles_are_bounded_and_the_other_cases_take_the_compiled_fallback(monkeypatch):
+def test_the_other_cases_take_the_compiled_fallback(monkeypatch):
     fused = nn.RoPE(16)
     install(fused)
-    cpu_fused.angles_kept().clear()
     x = mx.random.normal((1, 2, 1, 16), key=mx.random.key(7))
-    for n in range(cpu_fused.ANGLES_KEPT + 5):
-        assert _same(fused(x, offset=n), nn.RoPE(16)(x, offset=n))
-    assert len(cpu_fused.angles_kept()) == cpu_fused.ANGLES_KEPT
-    cpu_fused.angles_kept().clear()
     partial, trad = nn.RoPE(8), nn.RoPE(16, traditional=True)  # fewer dims than the head's; traditional
     install(partial), install(trad)
-    assert _same(partial(x, offset=3), nn.RoPE(8)(x, offset=3))
-    assert _same(trad(x, offset=3), nn.RoPE(16, traditional=True)(x, offset=3))
-    assert _same(fused(x.astype(mx.float16), offset=3), nn.RoPE(16)(x.astype(mx.float16), offset=3))
-    monkeypatch.setattr(cpu_fused, "ANGLES", False)
-    assert _same(fused(x, offset=3), nn.RoPE(16)(x, offset=3))
-    assert not cpu_fused.angles_kept()  # none of these took the angles path
+    with cpu_fused.one_forward():
+        assert _same(partial(x, offset=3), nn.RoPE(8)(x, offset=3))
+        assert _same(trad(x, offset=3), nn.RoPE(16, traditional=True)(x, offset=3))
+        assert _same(fused(x.astype(mx.float16), offset=3), nn.RoPE(16)(x.astype(mx.float16), offset=3))
+        assert _same(fused(x, offset=mx.array(3)), nn.RoPE(16)(x, offset=3))  # a scalar array offset
+        monkeypatch.setattr(cpu_fused, "ANGLES", False)
+        assert _same(fused(x, offset=3), nn.RoPE(16)(x, offset=3))
+        assert not cpu_fused._local.angles  # none of these took the angles path
 
 
 def test_a_forward_at_a_host_position_computes_its_angles_once(loaded_lm, tmp_path):
@@ -127,7 +127,7 @@ def test_a_forward_at_a_host_position_computes_its_angles_once(loaded_lm, tmp_pa
     cache = target.make_cache()
     mx.eval(target.model(mx.array([[1, 2, 3, 4]]), cache=cache), [c.state for c in cache])  # sync: test (the prompt)
     dot = tmp_path / "g.dot"
-    mx.export_to_dot(str(dot), target.model(mx.array([[5]]), cache=cache))
+    mx.export_to_dot(str(dot), target.logits(mx.array([[5]]), cache))  # (the target's forwards are scoped)
     labels = re.findall(r'label ="([^"]+)"', dot.read_text())
     assert labels.count("Cos") == 1 and labels.count("Sin") == 1
 
@@ -192,7 +192,9 @@ def test_threads_tracing_new_shapes_at_once_get_mlx_lm_s_values():
     def work(i):
         for n in range(1, 12):
             x = mx.random.normal((1, 2 + i, n, 16), key=mx.random.key(n))
-            if not _same(ropes[i](x, offset=n), ref(x, offset=n)):
+            with cpu_fused.one_forward():  # each thread's forward shares its own angles
+                out = ropes[i](x, offset=n)
+            if not _same(out, ref(x, offset=n)):
                 errors.append((i, n))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
@@ -201,3 +203,4 @@ def test_threads_tracing_new_shapes_at_once_get_mlx_lm_s_values():
     for t in threads:
         t.join()
     assert errors == []
+

@@ -26,6 +26,7 @@ import mlx.nn as nn
 
 from gmlx import switches
 from gmlx.errors import ModelLoadError
+from gmlx.models import cpu_fused
 
 
 class _Tap:
@@ -83,7 +84,8 @@ class AuxTarget:
                                                                                    or t.decode_on_twin))
         backbone, lm_head = self._wide if wide and self._wide is not None else self._own
         self._sink.clear()
-        logits = lm_head(backbone(tokens, cache=cache))
+        with cpu_fused.one_forward():  # (its layers' rotary embeddings share their angles)
+            logits = lm_head(backbone(tokens, cache=cache))
         hidden = mx.concatenate([self._sink[i] for i in self.entering], axis=-1)
         return logits, hidden
 

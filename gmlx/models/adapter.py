@@ -29,7 +29,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from gmlx import model_cache
-from gmlx.models import gated_delta
+from gmlx.models import cpu_fused, gated_delta
 from gmlx.errors import ModelLoadError
 from gmlx.models import dequantized
 
@@ -96,18 +96,21 @@ class Target:
         """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] in this target's convention).
         `parts`: run these (`own`, or the twin's `wide`) instead of the ones chosen for speed."""
         _, hidden_backbone, final_norm, lm_head = parts or self._for(tokens.shape[1])
-        hidden = hidden_backbone(tokens, cache=cache)
+        with cpu_fused.one_forward():  # (its layers' rotary embeddings share their angles)
+            hidden = hidden_backbone(tokens, cache=cache)
         if self.hidden_convention == PRE_NORM:
             return lm_head(final_norm(hidden)), hidden
         return lm_head(hidden), hidden
 
     def run_backbone(self, tokens: mx.array, cache: list) -> mx.array:
         """The backbone alone (prefill without hidden capture)."""
-        return self._for(tokens.shape[1])[0](tokens, cache=cache)
+        with cpu_fused.one_forward():
+            return self._for(tokens.shape[1])[0](tokens, cache=cache)
 
     def logits(self, tokens: mx.array, cache: list) -> mx.array:
         """The plain path: exactly mlx-lm's forward (of the dequantized twin where that decodes faster)."""
-        return self.decode_model(tokens, cache=cache)
+        with cpu_fused.one_forward():
+            return self.decode_model(tokens, cache=cache)
 
     def make_cache(self) -> list:
         caches = make_prompt_cache(self.model)

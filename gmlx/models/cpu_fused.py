@@ -11,13 +11,14 @@ the same float32 operations in the same order: here bit-identical, logits max |d
 that contracts a multiply and an add rounds once instead of twice), and on this repository's 2-core CPU
 SmolLM2 decoded plain 1.04-1.19x faster (bench_results/20261206T002555Z; docs/cpu_kernel.md).
 
-A rotary embedding at a host position (a KVCache's int offset: the lone request's forwards) goes
-further: its angles depend only on the positions, the same in every layer, yet each call computed
-them again (an arange, an exp chain, a cos and a sin: ~8 operations, 60 calls a SmolLM2 forward).
-Here they are computed once per (position, length) with the fallback's own operations and kept
-(`_angles`, the last few), and each call is one compiled rotation over them, x * [cos, cos] +
-swap(x) * [-sin, sin] (the same products, summed in the same order: bit-identical, tests): SmolLM2's
-one-token forward 2,629 -> 2,172 operations (`ANGLES`; docs/cpu_kernel.md).
+A rotary embedding goes further: its angles depend only on the positions, the same in every layer,
+yet each call computed them again (an arange, an exp chain, a cos and a sin: ~8 operations, 60 calls
+a SmolLM2 forward). Here the calls of one forward (`one_forward`, around the target's forwards) share
+them, computed once with the fallback's own operations — at a KVCache's int offset, or at a batch's
+per-row offsets (every layer's RaggedKVCache holds one array: gmlx/kv.py) — and each call is one
+compiled rotation over them, x * [cos, cos] + swap(x) * [-sin, sin] (the same products, summed in the
+same order: bit-identical, tests): SmolLM2's one-token forward 2,629 -> 2,172 operations (`ANGLES`;
+docs/cpu_kernel.md).
 
 How: the loaded model's own `nn.RMSNorm` and `nn.RoPE` modules (exactly those classes, not their
 subclasses: Llama-3 or YaRN rotary embeddings keep mlx-lm's code) are given a subclass whose call
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections import OrderedDict
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -47,10 +47,9 @@ _local = threading.local()  # .unfused: this thread runs mlx-lm's own calls (as_
 _lock = threading.Lock()
 _norms: dict[tuple, object] = {}  # (eps, hidden size) -> compiled rms_norm
 _ropes: dict[tuple, object] = {}  # (dims, traditional, base, scale) -> compiled rope
-# Rotary angles shared by every layer's call at one host position (the module docstring); off: each
-# call computes them (the compiled fallback), for the A/B in benchmarks/bench_cpu_fused.py and tests.
+# Rotary angles shared by the calls of one forward (the module docstring); off: each call computes
+# them (the compiled fallback), for the A/B in benchmarks/bench_cpu_fused.py and tests.
 ANGLES = True
-ANGLES_KEPT = 16  # kept per thread, the last few (a forward's calls share one)
 
 
 @contextlib.contextmanager
@@ -80,14 +79,27 @@ def _rope_fn(dims: int, traditional: bool, base: float, scale: float):
     return _ropes[key]
 
 
+@contextlib.contextmanager
+def one_forward():
+    """The rotary embeddings called within share their angles (the module docstring): kept for this
+    thread's block only — nothing outlives the forward, and a graph kept is evaluated by the thread
+    that built it (two threads evaluating one unevaluated array at once is a race in MLX: wrong
+    values and a crash, seen with 4 threads in tests/test_cpu_fused.py). Nests."""
+    before = getattr(_local, "angles", None)
+    _local.angles = {}
+    try:
+        yield
+    finally:
+        _local.angles = before
+
+
 def _angles(dims: int, base: float, scale: float, offset, length: int) -> tuple[mx.array, mx.array]:
     """[cos, cos] and [-sin, sin] at positions offset + arange(length) — [length, dims] at an int
-    offset, [B, 1, length, dims] at a batch's per-row offsets [B] (kept by the array's identity:
-    gmlx/kv.py gives every layer one array) — as a graph, kept (see ANGLES), computed as
-    mx.fast.rope's CPU fallback computes them (its angles bit for bit)."""
+    offset, [B, 1, length, dims] at a batch's per-row offsets [B] — computed as mx.fast.rope's CPU
+    fallback computes them (its angles bit for bit); shared within `one_forward`."""
+    kept_here = getattr(_local, "angles", None)
     key = (dims, base, scale, offset if isinstance(offset, int) else id(offset), length)
-    kept_here = angles_kept()
-    kept = kept_here.get(key)
+    kept = kept_here.get(key) if kept_here is not None else None
     if kept is None:
         half = dims // 2
         inv_freq = mx.exp(-mx.arange(half).astype(mx.float32) * (mx.log(mx.array(base, mx.float32)) / half))
@@ -99,21 +111,10 @@ def _angles(dims: int, base: float, scale: float, offset, length: int) -> tuple[
         cos, sin = mx.concatenate([cos, cos], -1), mx.concatenate([-sin, sin], -1)
         if not isinstance(offset, int):
             cos, sin = cos[:, None], sin[:, None]  # over the heads
-        # (an array offset is kept with its angles: its identity stays its own while they are kept)
-        kept = kept_here[key] = (cos, sin, offset)
-        if len(kept_here) > ANGLES_KEPT:
-            kept_here.popitem(last=False)
+        kept = (cos, sin, offset)  # (an array offset kept with them: its identity stays its own meanwhile)
+        if kept_here is not None:
+            kept_here[key] = kept
     return kept[0], kept[1]
-
-
-def angles_kept() -> "OrderedDict[tuple, tuple]":
-    """This thread's kept angles. Per thread: a kept graph is evaluated by the thread that runs it,
-    and two threads evaluating one unevaluated array at once is a race in MLX (seen: wrong values
-    and a crash, 4 threads in tests/test_cpu_fused.py)."""
-    kept = getattr(_local, "angles", None)
-    if kept is None:
-        kept = _local.angles = OrderedDict()
-    return kept
 
 
 @mx.compile
@@ -172,3 +173,4 @@ def install(module: nn.Module) -> int:
             m.__class__ = fused
             n += 1
     return n
+
