@@ -143,7 +143,7 @@ class FusedRoPE(nn.RoPE):
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         if getattr(_local, "unfused", False):
             return super().__call__(x, offset)
-        if ANGLES and (isinstance(offset, int) or offset.ndim == 1 and offset.shape[0] == x.shape[0]) \
+        if ANGLES and (isinstance(offset, int) or isinstance(offset, mx.array) and offset.shape == x.shape[:1]) \
                 and not self.traditional and self.dims == x.shape[-1] and x.dtype == mx.float32:
             with _lock:
                 return _rotate(x, *_angles(self.dims, self.base, self.scale, offset, x.shape[-2]))
@@ -173,4 +173,3 @@ def install(module: nn.Module) -> int:
             m.__class__ = fused
             n += 1
     return n
-
