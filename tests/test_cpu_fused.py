@@ -59,9 +59,10 @@ def test_a_fused_rope_takes_a_batch_s_per_row_offsets():
 
 @pytest.mark.parametrize("dims,base,scale", [(64, 100000.0, 1.0), (32, 10000.0, 0.25), (128, 500000.0, 1.0)])
 @pytest.mark.parametrize("length,offset", [(1, 0), (1, 4095), (2, 37), (4, 120), (7, 5)])
-def test_a_rope_at_a_host_position_shares_its_angles_and_gives_mlx_lm_s_bits(dims, base, scale, length, offset):
-    """An int offset (a KVCache's) takes the kept angles and one compiled rotation: mx.fast.rope's
-    very bits (the same products, summed in the same order), not only its values."""
+def test_a_rope_at_a_host_position_shares_its_angles_and_gives_mlx_lm_s_values(dims, base, scale, length, offset):
+    """An int offset (a KVCache's) takes the shared angles and one compiled rotation: mx.fast.rope's
+    values (here its very bits: the same products summed in the same order; a compiler that
+    contracts a multiply and an add may round once, hence `_same`)."""
     ref = nn.RoPE(dims, base=base, scale=scale)
     fused = nn.RoPE(dims, base=base, scale=scale)
     install(fused)
@@ -71,14 +72,14 @@ def test_a_rope_at_a_host_position_shares_its_angles_and_gives_mlx_lm_s_bits(dim
         assert list(cpu_fused._local.angles) == [(dims, base, scale, offset, length)]  # the angles path
         fused(x[:, :3], offset=offset)  # another layer's call at the same position: the same angles
         assert len(cpu_fused._local.angles) == 1
-    assert np.array_equal(np.array(out), np.array(ref(x, offset=offset)))  # sync: test
+    assert _same(out, ref(x, offset=offset))
     assert getattr(cpu_fused._local, "angles", None) is None  # nothing outlives the forward
-    assert np.array_equal(np.array(fused(x, offset=offset)), np.array(ref(x, offset=offset)))  # sync: test (unscoped)
+    assert _same(fused(x, offset=offset), ref(x, offset=offset))  # (outside a forward's scope)
 
 
 def test_a_batch_s_per_row_offsets_share_their_angles_across_layers_bit_for_bit():
     """Every layer's RaggedKVCache gives the same offsets array (gmlx/kv.py): the angles are
-    computed once for it, and the rotation gives mx.fast.rope's very bits at per-row positions."""
+    computed once for it, and the rotation gives mx.fast.rope's values at per-row positions."""
     from gmlx.kv import RaggedKVCache
 
     layers = [RaggedKVCache.lift([_kv(n) for n in (5, 120, 0)]) for _ in range(2)]
@@ -90,7 +91,7 @@ def test_a_batch_s_per_row_offsets_share_their_angles_across_layers_bit_for_bit(
         outs = [fused(x, offset=c.offset) for c in layers]
         assert len(cpu_fused._local.angles) == 1
     for out, c in zip(outs, layers):
-        assert np.array_equal(np.array(out), np.array(ref(x, offset=c.offset)))  # sync: test
+        assert _same(out, ref(x, offset=c.offset))
 
 
 def _kv(n: int):

@@ -17,8 +17,8 @@ a SmolLM2 forward). Here the calls of one forward (`one_forward`, around the tar
 them, computed once with the fallback's own operations — at a KVCache's int offset, or at a batch's
 per-row offsets (every layer's RaggedKVCache holds one array: gmlx/kv.py) — and each call is one
 compiled rotation over them, x * [cos, cos] + swap(x) * [-sin, sin] (the same products, summed in the
-same order: bit-identical, tests): SmolLM2's one-token forward 2,629 -> 2,172 operations (`ANGLES`;
-docs/cpu_kernel.md).
+same order: bit-identical here; tests/test_cpu_fused.py): SmolLM2's one-token forward 2,629 -> 2,172
+operations (`ANGLES`; docs/cpu_kernel.md).
 
 How: the loaded model's own `nn.RMSNorm` and `nn.RoPE` modules (exactly those classes, not their
 subclasses: Llama-3 or YaRN rotary embeddings keep mlx-lm's code) are given a subclass whose call
