@@ -8,7 +8,7 @@ mlx-lm classes for its runs (what GMLX_COMPILE=0 loads, without its other effect
 per repeat; each run starts with nothing learnt (the control's figures from the other side would
 mix in); the load probe's costs are the fused model's. A cell's figure is the median of per-repeat
 ratios to the first arm (plain unfused). Tokens are checked equal across the arms (greedy). `--sides
-noangles,fused` compares the fused modules with and without the rotary angles kept per position.
+noangles,fused` compares the fused modules with and without the rotary angles shared within a forward.
 
 Run: ``python benchmarks/bench_cpu_fused.py --models smollm2-f32,smollm2-q --concurrency 1,4 --repeats 5``
 Writes bench_results/<utc>_cpu_fused.json and .md.
