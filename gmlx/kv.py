@@ -35,21 +35,21 @@ from mlx_lm.models.cache import KVCache
 Mask = mx.array | str | None
 
 
-# Every layer's cache holds the same lengths: they share one offset array per lengths (the last
-# few kept), so a fused rotary embedding computes a forward's angles once for all its layers
-# (gmlx/models/cpu_fused.py, keyed by the array). Bounded: cleared past SHARED_OFFSETS entries.
+# Every layer's cache holds the same lengths: they share one offset array per lengths, so a fused
+# rotary embedding computes a forward's angles once for all its layers (gmlx/models/cpu_fused.py,
+# keyed by the array). Bounded: emptied when SHARED_OFFSETS lengths are held.
 _offsets: dict[bytes, mx.array] = {}
 SHARED_OFFSETS = 64
 
 
 def _offset_of(lengths: np.ndarray) -> mx.array:
-    key = lengths.astype(np.int32).tobytes()
+    rows = lengths.astype(np.int32)
+    key = rows.tobytes()
     off = _offsets.get(key)
     if off is None:
         if len(_offsets) >= SHARED_OFFSETS:
             _offsets.clear()
-        # Built from host data, so creating it never waits on the device.
-        off = _offsets[key] = mx.array(lengths.astype(np.int32))
+        off = _offsets[key] = mx.array(rows)  # built from host data: creating it never waits on the device
     return off
 
 
