@@ -12,6 +12,8 @@ Variants (`--variants`):
   gmlx/policy/width_control.py. (A first-rounds rule — a lone request's first 8 rounds at K = 1,
   tried even when plain was in force — ran here as first / nofirst / caponly at 59066af, three
   runs, and was reverted: no effect beyond the noise.)
+- notries: a lone request tries no untried (or stale) deeper K on its hope (its deeper drafts
+  credited as always agreeing): LONE_TRY_WITHIN infinite, deeper K's run only when predicted best.
 - notry / ceil1notry: no K = 1 try for a new lone request where plain is in force (LONE_TRY off:
   gmlx before d7463a1), alone or with ceil1's ceiling. (A hold rule — K = 1 kept while predicted
   at least 1.0x, past STAY and the doubt — ran as `hold` at df7e1d8: code -1.6 %, chat +0.6 % per
@@ -40,11 +42,13 @@ acceptance sat 3 standard deviations off the pooled rate — ran as `noshift` at
 Greedy, EOS ignored, c = 1 (each repeat: one code request, then one chat request, each arm; the
 arm order alternates between repeats); with --concurrency c, each arm runs c code requests together,
 then c chat requests. Speedups: medians of per-repeat ratios to plain.
+`--fresh`: each arm's run is a kind's prompts in turn, one at a time, from nothing learnt (the
+control's figures forgotten before the first: a fresh process), as bench_cpu_fused.py runs them.
 
 Run: ``python benchmarks/bench_lone_prior.py --model smollm2-f32 --repeats 16 --max-tokens 48``
 ``... --concurrency 2 --variants light,k1`` (a batch of chat requests after one of code ones),
 (light, heavy), ``... --variants noretry,k1``, ``... --variants light,ceil1,k1``,
-``... --variants light,notry,ceil1,ceil1notry,k1``.
+``... --variants light,notry,ceil1,ceil1notry,k1``, ``... --fresh --variants light,notries,ceil1,k1``.
 Writes bench_results/<utc>_lone_prior.json and .md (<utc>_batch_mixed.* with --concurrency above 1).
 """
 
@@ -85,6 +89,8 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     # a lone request tries an untried (or stale) K whose hope is within 0.9 of the best's gain, as a
     # batch width does (gmlx before thresholds.LONE_TRY_WITHIN), not only one whose hope reaches it
     "within9": ("lone tries within 0.9", lambda: patch.object(width_control, "LONE_TRY_WITHIN", 0.9)),
+    # ... or none (deeper K's chosen on their prediction alone; measured 2026-12-06, not kept)
+    "notries": ("no lone tries on hope", lambda: patch.object(width_control, "LONE_TRY_WITHIN", float("inf"))),
     "noretry": ("stale K's not measured again", lambda: patch.object(width_control, "RETRY_AFTER", 10 ** 9)),
     # what `gmlx sweep-cap --write` records on this CPU for SmolLM2 float32 ("a lone request: K = 1"):
     # the control on, its ceiling at width 1 one draft (the user config's K per width, as CapWatch reads it)
@@ -123,11 +129,25 @@ K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
 OFF = (EngineConfig(width_cap=0, prompt_cache_bytes=0), Switches(control=False))  # the lane's own K per round (its acceptance, the probe's costs)
 
 
-def one(lm, arm: str, prompts: list[list[int]], max_tokens: int) -> dict:
+def one(lm, arm: str, prompts: list[list[int]], max_tokens: int, fresh: bool = False) -> dict:
     config, switches = (K1 if arm == "k1" else OFF if arm == "off" else
                         ARMS["plain" if arm == "plain" else "default"][:2])
+    if fresh:  # nothing learnt: a fresh process's first request(s)
+        control.forget(lm.target)
     with contextlib.nullcontext() if arm == "plain" else VARIANTS[arm][1]():
         return run_burst(lm, prompts, max_tokens, config, switches)
+
+
+def fresh_loop(lm, arm: str, prompts: list[list[int]], max_tokens: int) -> dict:
+    """--fresh: each of `prompts` in turn, one at a time, from nothing learnt (a fresh process's
+    first requests, as bench_cpu_fused.py runs them); the runs' tokens and tokens/s together."""
+    runs, seconds = [], 0.0
+    for i, p in enumerate(prompts):
+        runs.append(one(lm, arm, [p], max_tokens, fresh=i == 0))
+        seconds += runs[-1]["tokens"] / runs[-1]["tok_s"]
+    drafted = [r["acc"] for r in runs if r["acc"] is not None]
+    return {"tok_s": sum(r["tokens"] for r in runs) / seconds, "acc": statistics.mean(drafted) if drafted else None,
+            "out": [t for r in runs for t in r["out"]]}
 
 
 def main() -> None:
@@ -137,6 +157,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=1, help="requests submitted together")
     ap.add_argument("--variants", default="light,heavy", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--fresh", action="store_true", help="each run starts with nothing learnt (the control's"
+                    " figures forgotten), and runs all of a kind's prompts in turn, one at a time")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     lm = model(a.model)
@@ -156,7 +178,8 @@ def main() -> None:
                 else [(kind, arm) for arm in order for kind in pools])
         for kind, arm in runs:
             pool = pools[kind]
-            r = one(lm, arm, [pool[(rep + i) % len(pool)] for i in range(a.concurrency)], a.max_tokens)
+            r = (fresh_loop(lm, arm, pool, a.max_tokens) if a.fresh else
+                 one(lm, arm, [pool[(rep + i) % len(pool)] for i in range(a.concurrency)], a.max_tokens))
             reps[kind][arm].append(r)
             print(f"rep {rep} {kind} {arm:7s} {r['tok_s']:6.1f} tok/s acc {r['acc']}", flush=True)
     cells = []

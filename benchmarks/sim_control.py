@@ -31,6 +31,8 @@ import types
 from collections import Counter, deque
 from pathlib import Path
 
+import numpy as np
+
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
@@ -200,9 +202,13 @@ def bucket(width: int) -> int:
 class SimClock:
     """The engine's and the control's clock, advanced by the rounds the engine runs."""
 
-    def __init__(self, model: str = "smollm2-f32"):
+    def __init__(self, model: str = "smollm2-f32", jitter: float = 0.0):
         self.plain, self.ratio, self.probe = TABLES[model]
         self.t = 0.0
+        # --jitter: each period times exp(N(0, jitter)), a seeded draw (`seed`): this machine's
+        # round-to-round noise (a SmolLM2 float32 step here: 25-36 ms about a 28 ms median), which
+        # the control's figures must see through; 0: every round exactly the table's
+        self.jitter, self.rng = jitter, np.random.default_rng(0)
         self.rounds: Counter = Counter()  # (width bucket, K or "capture") -> rounds
 
     def install(self) -> None:
@@ -218,14 +224,16 @@ class SimClock:
                 lane.spec._asked if kind is Round.SPECULATIVE else 0
             shadowed = not k and lane.batch.shadow is not None and kind in (Round.PLAIN, Round.PLAIN_LAST)
             ratio = CAPTURE if kind is Round.CAPTURE else self.ratio[b][k] if k else SHADOW if shadowed else 1.0
-            self.t += self.plain[b] * ratio / 1000
+            noise = float(np.exp(self.rng.normal(0.0, self.jitter))) if self.jitter else 1.0
+            self.t += self.plain[b] * ratio * noise / 1000
             self.rounds[b, "capture" if kind is Round.CAPTURE else "shadowed" if shadowed else k] += 1
             return results
 
         lanes.Lanes.run = timed_run
 
 
-def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: int, carry: dict | None = None) -> dict:
+def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: int, carry: dict | None = None,
+                seed: int = 0) -> dict:
     """c requests in flight over `prompts` on a fresh engine (nothing measured before it, or with
     `carry`, a dict kept across calls, what this arm's last run left: one process running cell after
     cell, as bench --concurrency 1,2,4 does; common.closed_loop); its rate on the simulated clock, or
@@ -241,6 +249,7 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
             d[key] = saved
     if clock is not None:
         clock.t, clock.rounds = 0.0, Counter()
+        clock.rng = np.random.default_rng(seed)  # (the same draws for every arm of a cell and seed)
     try:
         r = run_closed_loop(Engine(lm, cfg, switches=sw), prompts, c, n)
         if carry is not None:
@@ -327,6 +336,9 @@ def main() -> None:
     ap.add_argument("--measure", default=None, help="widths to time the table's rounds at (nothing simulated)")
     ap.add_argument("--shadow-cost", default=None, help="widths to time a gated batch's rounds at, with shadow"
                     " rounds and without (SHADOW's figure; nothing simulated)")
+    ap.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA", help="each simulated period times"
+                    " exp(N(0, SIGMA)) (this machine's round-to-round noise is ~0.08), --seeds runs per cell")
+    ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--carry", action="store_true", help="each arm's figures carry from cell to cell (one process"
                     " running the cells in order), instead of a fresh process's per cell")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
@@ -338,7 +350,7 @@ def main() -> None:
     if a.shadow_cost:
         print(shadow_cost(lm, [int(w) for w in a.shadow_cost.split(",")]))
         return
-    clock = SimClock(a.model) if not a.wall else None
+    clock = SimClock(a.model, a.jitter) if not a.wall else None
     if clock is not None:
         clock.install()
     arms, cells, carry = a.arms.split(","), [], {} if a.carry else None
@@ -353,6 +365,14 @@ def main() -> None:
                        for arm in arms}
                 for arm in arms:  # the cell's ratio: the median of per-repeat ratios to the first arm
                     res[arm]["tok_s"] = res[arms[0]]["tok_s"] * statistics.median(res[arm]["per_rep"])
+            elif a.jitter:  # one run per seed, every arm on the same draws; medians of per-seed ratios
+                runs = [{arm: closed_loop(lm, clock, arm, prompts, c, a.max_tokens, carry, seed) for arm in arms}
+                        for seed in range(a.seeds)]
+                res = {arm: {"tok_s": statistics.median(r[arm]["tok_s"] for r in runs), "out": runs[0][arm]["out"],
+                             "per_seed": [round(r[arm]["tok_s"] / r[arms[0]]["tok_s"], 3) for r in runs]}
+                       for arm in arms}
+                for arm in arms:
+                    res[arm]["tok_s"] = res[arms[0]]["tok_s"] * statistics.median(res[arm]["per_seed"])
             else:
                 res = {arm: closed_loop(lm, clock, arm, prompts, c, a.max_tokens, carry) for arm in arms}
             same = all(r["out"] == res[arms[0]]["out"] for r in res.values())
@@ -369,7 +389,9 @@ def main() -> None:
         "probe": TABLES[a.model][2].verify}, "cells": cells}
     path = write_result(a.out, "wall_control" if a.wall else "sim_control", result)
     clock_said = (f"Wall time, {a.wall} interleaved repeats, medians of per-repeat ratios to {arms[0]}" if a.wall else
-                  "Simulated clock (the table in benchmarks/sim_control.py)")
+                  "Simulated clock (the table in benchmarks/sim_control.py)" + (
+                      f", each period jittered by exp(N(0, {a.jitter})), {a.seeds} seeds, medians of per-seed ratios"
+                      if a.jitter else ""))
     same = all(c["same_tokens"] for c in cells)
     lines = [f"`{result['command']}`", "",
              f"{clock_said}; rate relative to plain; tokens identical across arms: {same}", "",
