@@ -161,6 +161,8 @@ def main() -> None:
                     " figures forgotten), and runs all of a kind's prompts in turn, one at a time")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
+    if a.fresh and a.concurrency != 1:
+        ap.error("--fresh runs one request at a time (c = 1)")
     lm = model(a.model)
     pools = prompt_sets(lm, a.model)
     arms = ["plain", *a.variants.split(",")]

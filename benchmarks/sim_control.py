@@ -18,7 +18,9 @@ over the prompts.
 
 Run: ``python benchmarks/sim_control.py --kinds chat,code --concurrency 1,2,4 --max-tokens 64``
 (``--wall N``: the same closed loops in wall time, N interleaved repeats, each arm a fresh process's
-state, to confirm a rule; ``--measure 1,2,4`` times the table's rounds on this machine).
+state, to confirm a rule; ``--jitter 0.08 --seeds 6``: each simulated period jittered by this machine's
+round-to-round noise, reproducibly — round i of every arm draws the same factor for a seed;
+``--measure 1,2,4`` times the table's rounds on this machine).
 Writes bench_results/<utc>_sim_control.json and .md.
 """
 
@@ -249,7 +251,7 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
             d[key] = saved
     if clock is not None:
         clock.t, clock.rounds = 0.0, Counter()
-        clock.rng = np.random.default_rng(seed)  # (the same draws for every arm of a cell and seed)
+        clock.rng = np.random.default_rng(seed)  # (round i of every arm draws the same factor)
     try:
         r = run_closed_loop(Engine(lm, cfg, switches=sw), prompts, c, n)
         if carry is not None:
