@@ -58,8 +58,12 @@ from common import closed_loop as run_closed_loop, command_line, write_result
 # extrapolated — its speculative rounds verify 16-32 rows, past the kernel's 8, as width 4's K = 2 / 3.
 # With the models' norms and rotary embeddings fused too (gmlx/models/cpu_fused.py), `--measure 1,2,4`
 # on 2026-12-06 (the rows before it: "smollm2-f32-unfused" below; width 8 unchanged, extrapolated):
-PLAIN = {1: 28.2, 2: 31.0, 4: 42.3, 8: 58.0}
-RATIO = {1: {1: 1.34, 2: 1.50, 3: 1.71}, 2: {1: 1.41, 2: 1.82, 3: 2.10}, 4: {1: 1.60, 2: 2.76, 3: 2.56},
+# Width 1 re-measured on 2026-12-06 later (`--measure 1`, three runs, medians: plain 25.8 / 27.5 / 29.1 ms,
+# K = 1 1.241 / 1.166 / 1.303, K = 2 1.575 / 1.479 / 1.613, K = 3 1.620 / 1.692 / 1.700), after the rotary angles
+# were computed once per forward; it was plain 28.2, K = 1 / 2 / 3 1.34 / 1.50 / 1.71 (a K = 1 round's steps
+# in engine traces that session: 1.16-1.28x).
+PLAIN = {1: 27.5, 2: 31.0, 4: 42.3, 8: 58.0}
+RATIO = {1: {1: 1.24, 2: 1.58, 3: 1.69}, 2: {1: 1.41, 2: 1.82, 3: 2.10}, 4: {1: 1.60, 2: 2.76, 3: 2.56},
          8: {1: 2.40, 2: 3.00, 3: 3.40}}
 UNFUSED = ({1: 30.6, 2: 39.2, 4: 44.6, 8: 58.0},
            {1: {1: 1.33, 2: 1.56, 3: 1.88}, 2: {1: 1.38, 2: 1.69, 3: 1.88}, 4: {1: 1.54, 2: 2.46, 3: 2.45},
