@@ -77,7 +77,7 @@ def test_a_rope_at_a_host_position_shares_its_angles_and_gives_mlx_lm_s_values(d
     assert _same(fused(x, offset=offset), ref(x, offset=offset))  # (outside a forward's scope)
 
 
-def test_a_batch_s_per_row_offsets_share_their_angles_across_layers_bit_for_bit():
+def test_a_batch_s_per_row_offsets_share_their_angles_across_layers():
     """Every layer's RaggedKVCache gives the same offsets array (gmlx/kv.py): the angles are
     computed once for it, and the rotation gives mx.fast.rope's values at per-row positions."""
     from gmlx.kv import RaggedKVCache
