@@ -11,7 +11,7 @@ a 3-chain over the answer's positions). Then what a tree could add on the same p
 branches accepts its first draft that often), and how often t+3 agrees once t+2 did (what a chain's
 second draft adds).
 
-Run: ``python -m gmlx_training.replay_smollm2_eagle3 [--head DIR] [--max-tokens 96]``
+Run: ``python -m gmlx_training.replay_smollm2_eagle3 [--head DIR] [--max-tokens 96] [--extended]``
 """
 
 from __future__ import annotations
@@ -38,6 +38,23 @@ from gmlx_training.train_smollm2_eagle3 import agreement, batch_of, unroll, wind
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_matrix import CHAT_ASKS, CODE_ASKS  # noqa: E402
+
+# `--extended`: 8 more questions of each kind beside bench_matrix's 4, so that a head is judged on more than
+# 4 answers a kind (the fourth and sixth runs' live verdicts rested on 4 x 96 tokens). Like those, none is
+# in the training prompts: no topic, concept, task or question of gmlx_training/smollm2_prompts.py and
+# chat_topics.py occurs in them (tests/test_training.py checks it).
+EXTRA_CODE_ASKS = ["Write a Python function that rotates a list by k positions.",
+                   "Write a Python function that returns the longest word in a sentence.",
+                   "Write a Python class for a simple to-do list with add and remove methods.",
+                   "Write a Python function that checks whether a year is a leap year.",
+                   "Write a Python function that returns the sum of the digits of a number.",
+                   "Write a Python function that finds the missing number in a list of 1 to n.",
+                   "Write a Python class for a rectangle with area and perimeter methods.",
+                   "Write a Python function that capitalizes the first letter of every word in a string."]
+EXTRA_CHAT_ASKS = ["How do hot air balloons fly?", "Why do onions make people cry?", "What causes the northern lights?",
+                   "How do submarines dive and come back up?", "Why do we get goosebumps?",
+                   "What is the difference between a frog and a toad?",
+                   "How do camels survive without water for so long?", "What makes popcorn pop?"]
 
 
 def head_model(head: Path, lm):
@@ -77,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head", type=Path, default=SMOLLM2_EAGLE3)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--extended", action="store_true", help="12 questions a kind instead of bench_matrix's 4")
     a = ap.parse_args(argv)
     lm = load(converted("float32"))
     target = lm.target
@@ -84,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     taps = Taps(target, True)
     eng = Engine(lm, EngineConfig(drafter="eagle3", draft_model=str(a.head), num_draft_tokens=3, width_cap=0,
                                   prompt_cache_bytes=0), switches=Switches(control=False))
-    for kind, asks in (("code", CODE_ASKS), ("chat", CHAT_ASKS)):
+    extra = a.extended
+    for kind, asks in (("code", CODE_ASKS + EXTRA_CODE_ASKS * extra), ("chat", CHAT_ASKS + EXTRA_CHAT_ASKS * extra)):
         accepted = rounds = 0
         replay = []
         for q in asks:

@@ -55,3 +55,25 @@ def test_self_asked_questions_are_cleaned_and_keep_the_benchmark_held_out():
     metas = self_ask.meta_prompts(__import__("random").Random(0), 40)
     assert metas == self_ask.meta_prompts(__import__("random").Random(0), 40) and len(set(metas)) > 30
     assert sum(m.startswith(tuple(a.split("{}")[0] for a in self_ask.CODE_ASK)) for m in metas) == 10
+
+
+REPLAY = Path(__file__).resolve().parents[1] / "gmlx_training" / "replay_smollm2_eagle3.py"
+
+
+def test_the_replays_extended_questions_are_held_out():
+    """replay_smollm2_eagle3 --extended's 8 more questions a kind: none is a training prompt (for several
+    seeds), and none names a subject, concept, task, topic or activity the training templates fill in."""
+    from gmlx_training import smollm2_prompts
+
+    tree = ast.parse(REPLAY.read_text())
+    extra = [s for node in tree.body if isinstance(node, ast.Assign)
+             and getattr(node.targets[0], "id", "") in ("EXTRA_CODE_ASKS", "EXTRA_CHAT_ASKS")
+             for s in ast.literal_eval(node.value)]
+    assert len(extra) == 16 and not set(extra) & set(_bench_asks())
+    for seed in (0, 7, 12):
+        data = build(seed, 40, general=True)
+        assert not {p for split in data.values() for kind in split.values() for p in kind} & set(extra)
+    fills = [t.lower() for t in chat_topics.SUBJECTS + smollm2_prompts.CONCEPTS + smollm2_prompts.TASKS
+             + smollm2_prompts.TOPICS + smollm2_prompts.ACTIVITIES]
+    assert not [(q, t) for q in extra for t in fills if t in q.lower()]
+    assert not {q.lower() for q in extra} & {q.lower() for q in chat_topics.QUESTIONS + chat_topics.ASKS}
