@@ -27,6 +27,8 @@ Writes bench_results/<utc>_sim_control.json and .md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import statistics
 import sys
 import types
@@ -44,6 +46,7 @@ from gmlx.gguf.smollm2 import converted
 from gmlx.machine import describe
 from gmlx.models.loading import load
 from gmlx.policy import control, figures, width_control
+from gmlx.policy import pairs as pairs_mod
 from gmlx.policy.admission import Round
 from gmlx.policy import costs as costs_mod
 from gmlx.policy.costs import Costs
@@ -198,6 +201,39 @@ VARIANTS["nolift"] = [(width_control.WidthControl, "choose",
 # a plain width's shadows stopped at another level than thresholds.SHADOW_STOP (1.05; 0.9 before 2026-12-05)
 VARIANTS |= {f"far{round(100 * v)}": [(width_control, "SHADOW_STOP", v)] for v in (0.9, 1.0, 99.0)}
 VARIANTS["untimedshadow"] = _untimed_shadow_variant()
+# the load probe's figures as the table's own rounds (a probe that timed whole rounds, drafts and host work included)
+TRUE_PROBE = Costs(verify=(1.0, 1.20, 1.50, 1.57), draft=0.04, source="measured (simulated)",
+                   rows=((1, 1.0), (2, 1.20), (3, 1.50), (4, 1.57), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
+VARIANTS["trueprobe"] = [(scalar, "round_costs", lambda *a, **kw: TRUE_PROBE), (scalar, "reconfirmed", lambda *a, **kw: TRUE_PROBE)]
+VARIANTS["trueprobe_notries"] = VARIANTS["trueprobe"] + VARIANTS["notries"]
+def _pooled_ratio(self, k, costs, lone=False):
+    """T(k) / T(0) as one scale over the probe's shape: every pair, whatever its K, gives a sample of
+    log T(j) / T(0) - log round_cost(j); their median times round_cost(k) (`pooled`)."""
+    d = [x - math.log(costs.round_cost(j)) for j, q in self.pairs.logs.items() for x in q]
+    if len(d) >= pairs_mod.MIN_PAIRS:
+        return math.exp(statistics.median(d)) * costs.round_cost(k), "paired"
+    return (costs.round_cost(k), "probe") if lone else (None, "")
+
+
+VARIANTS["pooled"] = [(width_control.WidthControl, "ratio", _pooled_ratio)]
+
+
+def _lone_k1(explore: bool):
+    """A lone request's speculative rounds are K = 1 while its width has fewer than MIN_EVIDENCE of them
+    (FIRST_K1, as a batch width's), and with `explore` also an exploration from plain (not the K of best hope)."""
+    real = width_control.WidthControl.choose
+
+    def choose(self, max_k, costs, acceptance=None, *a, **kw):
+        c = real(self, max_k, costs, acceptance, *a, **kw)
+        if acceptance is not None and c.k > 1 and (self.spec_rounds < width_control.MIN_EVIDENCE
+                                                   or (explore and self.exploring)):
+            self.current = 1
+            c = dataclasses.replace(c, k=1)
+        return c
+    return [(width_control.WidthControl, "choose", choose)]
+
+
+VARIANTS["lonek1"], VARIANTS["lonek1x"] = _lone_k1(False), _lone_k1(True)
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 
 
