@@ -19,7 +19,7 @@ source benchmarks/device/common.sh
 DATA_S=${DATA_S:-170}; TRAIN_MIN=${TRAIN_MIN:-3}; BATCH=${BATCH:-64}; D=${DATA_DIR:-/tmp/sd}
 step 100 prep $PY benchmarks/device/prep.py
 rm -rf $D; mkdir -p $D; seed=20; stop=$(( $(date +%s) + DATA_S ))
-while [ $(( stop - $(date +%s) )) -gt 20 ]; do
+while [ $(( stop - $(date +%s) )) -gt 20 ] && [ $(( END - ($(date +%s) - T0) )) -gt 60 ]; do
   left=$(( stop - $(date +%s) )); val=0; [ $seed -eq 20 ] && val=4
   step $(( left + 60 )) data-$seed $PY -m gmlx_training.smollm2_data --out $D/s$seed --aux --general --batch $BATCH \
     --val-batches $val --minutes $(awk "BEGIN { print $left / 60 }") --seed $seed
