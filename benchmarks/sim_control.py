@@ -204,8 +204,10 @@ VARIANTS["untimedshadow"] = _untimed_shadow_variant()
 # the load probe's figures as the table's own rounds (a probe that timed whole rounds, drafts and host work included)
 TRUE_PROBE = Costs(verify=(1.0, 1.20, 1.50, 1.57), draft=0.04, source="measured (simulated)",
                    rows=((1, 1.0), (2, 1.20), (3, 1.50), (4, 1.57), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
-VARIANTS["trueprobe"] = [(scalar, "round_costs", lambda *a, **kw: TRUE_PROBE), (scalar, "reconfirmed", lambda *a, **kw: TRUE_PROBE)]
+VARIANTS["trueprobe"] = [(scalar, name, lambda *a, **kw: TRUE_PROBE) for name in ("round_costs", "reconfirmed")]
 VARIANTS["trueprobe_notries"] = VARIANTS["trueprobe"] + VARIANTS["notries"]
+
+
 def _pooled_ratio(self, k, costs, lone=False):
     """T(k) / T(0) as one scale over the probe's shape: every pair, whatever its K, gives a sample of
     log T(j) / T(0) - log round_cost(j); their median times round_cost(k) (`pooled`)."""

@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     taps = Taps(target, True)
     eng = Engine(lm, EngineConfig(drafter="eagle3", draft_model=str(a.head), num_draft_tokens=3, width_cap=0,
                                   prompt_cache_bytes=0), switches=Switches(control=False))
-    extra = a.extended
-    for kind, asks in (("code", CODE_ASKS + EXTRA_CODE_ASKS * extra), ("chat", CHAT_ASKS + EXTRA_CHAT_ASKS * extra)):
+    more = (EXTRA_CODE_ASKS, EXTRA_CHAT_ASKS) if a.extended else ([], [])
+    for kind, asks in (("code", CODE_ASKS + more[0]), ("chat", CHAT_ASKS + more[1])):
         accepted = rounds = 0
         replay = []
         for q in asks:
