@@ -218,6 +218,22 @@ def _pooled_ratio(self, k, costs, lone=False):
 
 
 VARIANTS["pooled"] = [(width_control.WidthControl, "ratio", _pooled_ratio)]
+SHRINK = 4  # pseudo-samples of the pooled scale in a K's own ratio (`shrunk`)
+
+
+def _shrunk_ratio(self, k, costs, lone=False):
+    """T(k) / T(0): k's own pairs' median log ratio shrunk toward the pooled scale times the probe's
+    shape by SHRINK pseudo-samples (`shrunk`: one refresh window's sample cannot flip K = 1 and K = 3)."""
+    d = {j: [x - math.log(costs.round_cost(j)) for x in q] for j, q in self.pairs.logs.items()}
+    pooled = [x for v in d.values() for x in v]
+    if len(pooled) < pairs_mod.MIN_PAIRS:
+        return (costs.round_cost(k), "probe") if lone else (None, "")
+    own = d.get(k, [])
+    mid = ((len(own) * statistics.median(own) if own else 0.0) + SHRINK * statistics.median(pooled)) / (len(own) + SHRINK)
+    return math.exp(mid) * costs.round_cost(k), "paired"
+
+
+VARIANTS["shrunk"] = [(width_control.WidthControl, "ratio", _shrunk_ratio)]
 
 
 def _lone_k1(explore: bool):
