@@ -208,32 +208,23 @@ VARIANTS["trueprobe"] = [(scalar, name, lambda *a, **kw: TRUE_PROBE) for name in
 VARIANTS["trueprobe_notries"] = VARIANTS["trueprobe"] + VARIANTS["notries"]
 
 
-def _pooled_ratio(self, k, costs, lone=False):
-    """T(k) / T(0) as one scale over the probe's shape: every pair, whatever its K, gives a sample of
-    log T(j) / T(0) - log round_cost(j); their median times round_cost(k) (`pooled`)."""
-    d = [x - math.log(costs.round_cost(j)) for j, q in self.pairs.logs.items() for x in q]
-    if len(d) >= pairs_mod.MIN_PAIRS:
-        return math.exp(statistics.median(d)) * costs.round_cost(k), "paired"
-    return (costs.round_cost(k), "probe") if lone else (None, "")
+def _scaled_ratio(shrink: float | None):
+    """T(k) / T(0) on one scale over the probe's shape: every pair, whatever its K, gives a sample of
+    log T(j) / T(0) - log round_cost(j), and their median times round_cost(k) is k's ratio (`pooled`,
+    shrink None); or k's own samples' median shrunk toward that scale by `shrink` pseudo-samples (`shrunk`:
+    one refresh window's sample cannot flip K = 1 and K = 3)."""
+    def ratio(self, k, costs, lone=False):
+        d = {j: [x - math.log(costs.round_cost(j)) for x in q] for j, q in self.pairs.logs.items()}
+        pooled = [x for v in d.values() for x in v]
+        if len(pooled) < pairs_mod.MIN_PAIRS:
+            return (costs.round_cost(k), "probe") if lone else (None, "")
+        own = d.get(k, []) if shrink is not None else []
+        mid = (len(own) * statistics.median(own) if own else 0.0) + (shrink or 1.0) * statistics.median(pooled)
+        return math.exp(mid / (len(own) + (shrink or 1.0))) * costs.round_cost(k), "paired"
+    return [(width_control.WidthControl, "ratio", ratio)]
 
 
-VARIANTS["pooled"] = [(width_control.WidthControl, "ratio", _pooled_ratio)]
-SHRINK = 4  # pseudo-samples of the pooled scale in a K's own ratio (`shrunk`)
-
-
-def _shrunk_ratio(self, k, costs, lone=False):
-    """T(k) / T(0): k's own pairs' median log ratio shrunk toward the pooled scale times the probe's
-    shape by SHRINK pseudo-samples (`shrunk`: one refresh window's sample cannot flip K = 1 and K = 3)."""
-    d = {j: [x - math.log(costs.round_cost(j)) for x in q] for j, q in self.pairs.logs.items()}
-    pooled = [x for v in d.values() for x in v]
-    if len(pooled) < pairs_mod.MIN_PAIRS:
-        return (costs.round_cost(k), "probe") if lone else (None, "")
-    own = d.get(k, [])
-    mid = ((len(own) * statistics.median(own) if own else 0.0) + SHRINK * statistics.median(pooled)) / (len(own) + SHRINK)
-    return math.exp(mid) * costs.round_cost(k), "paired"
-
-
-VARIANTS["shrunk"] = [(width_control.WidthControl, "ratio", _shrunk_ratio)]
+VARIANTS["pooled"], VARIANTS["shrunk"] = _scaled_ratio(None), _scaled_ratio(4.0)
 
 
 def _lone_k1(explore: bool):

@@ -42,7 +42,7 @@ from bench_matrix import CHAT_ASKS, CODE_ASKS  # noqa: E402
 # `--extended`: 8 more questions of each kind beside bench_matrix's 4, so that a head is judged on more than
 # 4 answers a kind (the fourth and sixth runs' live verdicts rested on 4 x 96 tokens). Like those, none is
 # in the training prompts: no topic, concept, task or question of gmlx_training/smollm2_prompts.py and
-# chat_topics.py occurs in them (tests/test_training.py checks it).
+# chat_topics.py occurs in them (tests/test_training_prompts.py checks it).
 EXTRA_CODE_ASKS = ["Write a Python function that rotates a list by k positions.",
                    "Write a Python function that returns the longest word in a sentence.",
                    "Write a Python class for a simple to-do list with add and remove methods.",

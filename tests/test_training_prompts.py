@@ -13,12 +13,16 @@ from gmlx_training.smollm2_prompts import build
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_matrix.py"
 
 
-def _bench_asks() -> list[str]:
-    """CHAT_ASKS and CODE_ASKS as bench_matrix.py defines them (read, not imported: it loads models)."""
-    tree = ast.parse(BENCH.read_text())
+def _lists(path: Path, names: tuple[str, ...]) -> list[str]:
+    """The string lists a module assigns to `names` (read, not imported: those modules load models)."""
+    tree = ast.parse(path.read_text())
     return [s for node in tree.body if isinstance(node, ast.Assign)
-            and getattr(node.targets[0], "id", "") in ("CHAT_ASKS", "CODE_ASKS")
-            for s in ast.literal_eval(node.value)]
+            and getattr(node.targets[0], "id", "") in names for s in ast.literal_eval(node.value)]
+
+
+def _bench_asks() -> list[str]:
+    """CHAT_ASKS and CODE_ASKS as bench_matrix.py defines them."""
+    return _lists(BENCH, ("CHAT_ASKS", "CODE_ASKS"))
 
 
 def test_general_prompts_add_to_the_chat_side():
@@ -65,10 +69,7 @@ def test_the_replays_extended_questions_are_held_out():
     seeds), and none names a subject, concept, task, topic or activity the training templates fill in."""
     from gmlx_training import smollm2_prompts
 
-    tree = ast.parse(REPLAY.read_text())
-    extra = [s for node in tree.body if isinstance(node, ast.Assign)
-             and getattr(node.targets[0], "id", "") in ("EXTRA_CODE_ASKS", "EXTRA_CHAT_ASKS")
-             for s in ast.literal_eval(node.value)]
+    extra = _lists(REPLAY, ("EXTRA_CODE_ASKS", "EXTRA_CHAT_ASKS"))
     assert len(extra) == 16 and not set(extra) & set(_bench_asks())
     for seed in (0, 7, 12):
         data = build(seed, 40, general=True)
