@@ -105,6 +105,8 @@ DEQUANTIZED_VERIFY = _on_off("GMLX_DEQUANTIZED_VERIFY", True, "a quantized targe
 DEQUANTIZED_DECODE = _on_off("GMLX_DEQUANTIZED_DECODE", None, "the twin's one-token steps too (on) or not (off)")
 COMPILE = _on_off("GMLX_COMPILE", True, "the sampler, acceptance and assistant draft graphs (and on the CPU the"
                   " models' norms and rotary embeddings) run through mx.compile")
+EARLY_DISPATCH = Switch("GMLX_EARLY_DISPATCH", f"{_ON_OFF} (unset: on the CPU backend only)", None,
+                        "a verify forward's layers start computing as they are built", _bool)
 OPENBLAS = _on_off("GMLX_OPENBLAS", True, "load OpenBLAS for MLX's CPU matmuls at `import gmlx` (Linux)")
 SMALL_GEMM = _on_off("GMLX_SMALL_GEMM", True, "gmlx's small-M sgemm takes MLX's CPU matmuls of <= 8 rows (Linux)")
 CACHE = Switch("GMLX_CACHE", "a directory", None, "where GGUF conversions go (default ~/.cache/gmlx)", _text)
@@ -125,8 +127,8 @@ def cache_root() -> Path:
 
 
 SWITCHES: tuple[Switch, ...] = (PREEMPT, RESUME, WIDTH_CAP, CONTROL, TREE, ROUND_COSTS, DEQUANTIZED_VERIFY,
-                                DEQUANTIZED_DECODE, COMPILE, OPENBLAS, SMALL_GEMM, CACHE, CONFIG, API_KEY, DIST_TIMEOUT,
-                                EAGLE3_LAYERS, DEBUG)
+                                DEQUANTIZED_DECODE, COMPILE, EARLY_DISPATCH, OPENBLAS, SMALL_GEMM, CACHE, CONFIG,
+                                API_KEY, DIST_TIMEOUT, EAGLE3_LAYERS, DEBUG)
 
 
 def check(environ: Mapping[str, str] | None = None) -> None:

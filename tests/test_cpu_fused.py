@@ -119,10 +119,12 @@ def test_the_other_cases_take_the_compiled_fallback(monkeypatch):
         assert not cpu_fused._local.angles  # none of these took the angles path
 
 
-def test_a_forward_at_a_host_position_computes_its_angles_once(loaded_lm, tmp_path):
+def test_a_forward_at_a_host_position_computes_its_angles_once(loaded_lm, tmp_path, monkeypatch):
     """Every layer's rotary embedding at one KVCache position reads the same kept angles: the
     forward's graph holds one cos and one sin (SmolLM2: 2,629 -> 2,172 operations)."""
     import re
+
+    monkeypatch.setenv("GMLX_EARLY_DISPATCH", "0")  # the whole graph unevaluated, to be read
 
     target = loaded_lm.target
     cache = target.make_cache()

@@ -26,7 +26,7 @@ import mlx.nn as nn
 
 from gmlx import switches
 from gmlx.errors import ModelLoadError
-from gmlx.models import cpu_fused
+from gmlx.models.adapter import one_forward
 
 
 class _Tap:
@@ -84,7 +84,7 @@ class AuxTarget:
                                                                                    or t.decode_on_twin))
         backbone, lm_head = self._wide if wide and self._wide is not None else self._own
         self._sink.clear()
-        with cpu_fused.one_forward():  # (its layers' rotary embeddings share their angles)
+        with one_forward():  # (shared rotary angles, early dispatch: gmlx/models/adapter.py)
             logits = lm_head(backbone(tokens, cache=cache))
         hidden = mx.concatenate([self._sink[i] for i in self.entering], axis=-1)
         return logits, hidden

@@ -22,6 +22,7 @@ refused, not silently wrong.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import mlx.core as mx
@@ -29,7 +30,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from gmlx import model_cache
-from gmlx.models import cpu_fused, gated_delta
+from gmlx.models import cpu_fused, early_dispatch, gated_delta
 from gmlx.errors import ModelLoadError
 from gmlx.models import dequantized
 
@@ -38,6 +39,15 @@ from gmlx.models import dequantized
 POST_NORM = "post_norm"
 PRE_NORM = "pre_norm"
 HIDDEN_CONVENTIONS = (POST_NORM, PRE_NORM)
+
+
+@contextlib.contextmanager
+def one_forward():
+    """Around each of the target's forwards: its layers' rotary embeddings share their angles
+    (gmlx/models/cpu_fused.py) and its layers start computing as they are built
+    (gmlx/models/early_dispatch.py). mlx-lm's own loops over the same model objects have neither."""
+    with cpu_fused.one_forward(), early_dispatch.early():
+        yield
 
 
 class Target:
@@ -63,6 +73,9 @@ class Target:
         # Hybrid families: recurrent layers capture their state per position in a multi-token
         # forward, so a verify rolls back exactly (gmlx/recurrent.py); why not, when they cannot.
         self.recurrent_blockers = gated_delta.install(model)
+        # Verifies dispatch each layer as it is built (gmlx/models/early_dispatch.py); before the
+        # twin is made, so that its layers (shallow copies) do too.
+        early_dispatch.install(backbone.layers)
         # A quantized model on the CPU runs its multi-token forwards through a dequantized twin
         # (gmlx/models/dequantized.py): a verify of k+1 tokens then costs ~1.3 steps, not k+1.
         # One-token steps too when the twin is the faster there (measured at load).
@@ -96,7 +109,7 @@ class Target:
         """tokens [B, L] -> (logits [B, L, V], hidden [B, L, D] in this target's convention).
         `parts`: run these (`own`, or the twin's `wide`) instead of the ones chosen for speed."""
         _, hidden_backbone, final_norm, lm_head = parts or self._for(tokens.shape[1])
-        with cpu_fused.one_forward():  # (its layers' rotary embeddings share their angles)
+        with one_forward():
             hidden = hidden_backbone(tokens, cache=cache)
         if self.hidden_convention == PRE_NORM:
             return lm_head(final_norm(hidden)), hidden
@@ -104,12 +117,12 @@ class Target:
 
     def run_backbone(self, tokens: mx.array, cache: list) -> mx.array:
         """The backbone alone (prefill without hidden capture)."""
-        with cpu_fused.one_forward():
+        with one_forward():
             return self._for(tokens.shape[1])[0](tokens, cache=cache)
 
     def logits(self, tokens: mx.array, cache: list) -> mx.array:
         """The plain path: exactly mlx-lm's forward (of the dequantized twin where that decodes faster)."""
-        with cpu_fused.one_forward():
+        with one_forward():
             return self.decode_model(tokens, cache=cache)
 
     def make_cache(self) -> list:
