@@ -89,8 +89,20 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     # a lone request tries an untried (or stale) K whose hope is within 0.9 of the best's gain, as a
     # batch width does (gmlx before thresholds.LONE_TRY_WITHIN), not only one whose hope reaches it
     "within9": ("lone tries within 0.9", lambda: patch.object(width_control, "LONE_TRY_WITHIN", 0.9)),
-    # ... or none (deeper K's chosen on their prediction alone; measured 2026-12-06, not kept)
+    # ... or none (deeper K's chosen on their prediction alone; measured 2026-12-06, not kept; shipped since
+    # early dispatch, 2026-12-06 later: `tries6` is the rule before, its tries and a lone choice held 6 rounds)
     "notries": ("no lone tries on hope", lambda: patch.object(width_control, "LONE_TRY_WITHIN", float("inf"))),
+    "tries3": ("lone tries on hope", lambda: patch.object(width_control, "LONE_TRY_WITHIN", 1.0)),
+    "notries6": ("lone choices held 6 rounds", lambda: patch.object(width_control, "LONE_MIN_EVIDENCE", 6)),
+    "tries6": ("lone tries on hope, choices held 6 rounds", lambda: _both(
+        patch.object(width_control, "LONE_TRY_WITHIN", 1.0), patch.object(width_control, "LONE_MIN_EVIDENCE", 6))),
+    # ... or, on hope, only a K this width has not measured yet (once per process), never again when stale
+    "untriedonly": ("lone tries on hope only untried", lambda: _both(
+        patch.object(width_control, "LONE_TRY_WITHIN", 1.0), patch.object(
+            width_control.WidthControl, "_hopes", lambda self, max_k, costs, acc, nearby, lone, drains: {
+                k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k] for k in range(1, max_k + 1)
+                if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
+                or not lone and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER}))),
     "noretry": ("stale K's not measured again", lambda: patch.object(width_control, "RETRY_AFTER", 10 ** 9)),
     # what `gmlx sweep-cap --write` records on this CPU for SmolLM2 float32 ("a lone request: K = 1"):
     # the control on, its ceiling at width 1 one draft (the user config's K per width, as CapWatch reads it)

@@ -65,16 +65,28 @@ from common import closed_loop as run_closed_loop, command_line, write_result
 # K = 1 1.241 / 1.166 / 1.303, K = 2 1.575 / 1.479 / 1.613, K = 3 1.620 / 1.692 / 1.700), after the rotary angles
 # were computed once per forward; it was plain 28.2, K = 1 / 2 / 3 1.34 / 1.50 / 1.71 (a K = 1 round's steps
 # in engine traces that session: 1.16-1.28x).
-PLAIN = {1: 27.5, 2: 31.0, 4: 42.3, 8: 58.0}
-RATIO = {1: {1: 1.24, 2: 1.58, 3: 1.69}, 2: {1: 1.41, 2: 1.82, 3: 2.10}, 4: {1: 1.60, 2: 2.76, 3: 2.56},
+# With early dispatch (gmlx/models/early_dispatch.py: every forward's layers start computing as they are
+# built), `--measure 1,2,4` on 2026-12-06 at 11:30, medians of three runs at width 1 (plain 27.1 / 26.7 / 26.9 ms,
+# K = 1 1.057 / 1.100 / 1.113, K = 2 1.382 / 1.485 / 1.426, K = 3 1.478 / 1.560 / 1.575) and of two at widths 2 and 4
+# (plain 25.4 / 26.6 and 35.5 / 36.3 ms: the batch's plain steps gained the most); width 8 unchanged, extrapolated.
+# Before it: "smollm2-f32-noearly" below.
+PLAIN = {1: 26.9, 2: 26.0, 4: 35.9, 8: 58.0}
+RATIO = {1: {1: 1.10, 2: 1.43, 3: 1.56}, 2: {1: 1.55, 2: 1.99, 3: 2.40}, 4: {1: 1.68, 2: 3.31, 3: 3.18},
          8: {1: 2.40, 2: 3.00, 3: 3.40}}
+NOEARLY = ({1: 27.5, 2: 31.0, 4: 42.3, 8: 58.0},
+           {1: {1: 1.24, 2: 1.58, 3: 1.69}, 2: {1: 1.41, 2: 1.82, 3: 2.10}, 4: {1: 1.60, 2: 2.76, 3: 2.56},
+            8: {1: 2.40, 2: 3.00, 3: 3.40}})
 UNFUSED = ({1: 30.6, 2: 39.2, 4: 44.6, 8: 58.0},
            {1: {1: 1.33, 2: 1.56, 3: 1.88}, 2: {1: 1.38, 2: 1.69, 3: 1.88}, 4: {1: 1.54, 2: 2.46, 3: 2.45},
             8: {1: 2.40, 2: 3.00, 3: 3.40}})
 # the load probe here (its figures on SmolLM2 with the kernel, 2026-12-05: a 48-token context; the
 # forwards of the 6-16 tokens that widths 2 and 4 verify at K = 1-3, gmlx/decode/probe.py)
-PROBE = Costs(verify=(1.0, 1.07, 1.28, 1.34), draft=0.04, source="measured (simulated)",
-              rows=((1, 1.0), (2, 1.07), (3, 1.28), (4, 1.34), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
+PROBE_NOEARLY = Costs(verify=(1.0, 1.07, 1.28, 1.34), draft=0.04, source="measured (simulated)",
+                      rows=((1, 1.0), (2, 1.07), (3, 1.28), (4, 1.34), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
+# ... and with early dispatch (2026-12-06 11:35, `gmlx.decode.probe.measure` three times, medians): its one-token
+# forward is the faster, so the longer ones cost more of it
+PROBE = Costs(verify=(1.0, 1.08, 1.40, 1.45), draft=0.067, source="measured (simulated)",
+              rows=((1, 1.0), (2, 1.08), (3, 1.40), (4, 1.45), (6, 1.93), (8, 2.29), (12, 4.16), (16, 4.16)))
 # 4-bit (its one-token steps through the float32 twin): `--model smollm2-q --measure 1,2,4`, as above.
 # (4-bit: measured before the norms and rotary embeddings were fused)
 Q_TABLE = ({1: 32.0, 2: 35.3, 4: 45.0, 8: 58.0},
@@ -91,7 +103,9 @@ OPENBLAS = {"smollm2-f32": ({1: 63.0, 2: 69.0, 4: 79.0, 8: 105.0},
                           {1: {1: 1.25, 2: 1.39, 3: 1.50}, 2: {1: 1.28, 2: 1.41, 3: 1.48},
                            4: {1: 1.16, 2: 1.55, 3: 1.54}, 8: {1: 1.25, 2: 1.60, 3: 1.70}},
                           Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))}
-TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-f32-unfused": (*UNFUSED, PROBE), "smollm2-q": Q_TABLE} | {f"{m}-openblas": t for m, t in OPENBLAS.items()}
+TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-f32-noearly": (*NOEARLY, PROBE_NOEARLY),
+          "smollm2-f32-unfused": (*UNFUSED, PROBE_NOEARLY), "smollm2-q": Q_TABLE} | {f"{m}-openblas": t
+                                                                                     for m, t in OPENBLAS.items()}
 # a gated batch's plain round with shadow rounds (gmlx/decode/batch_shadow.py): 0.99-1.02x of one
 # without by round durations (`--shadow-cost 2,4`, 2026-12-05, before and with the kernel), but in wall
 # time with the kernel a forced-plain float32 closed loop at c = 2 took 1.01-1.14x (4 repeats, median
@@ -206,6 +220,10 @@ TRUE_PROBE = Costs(verify=(1.0, 1.20, 1.50, 1.57), draft=0.04, source="measured 
                    rows=((1, 1.0), (2, 1.20), (3, 1.50), (4, 1.57), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
 VARIANTS["trueprobe"] = [(scalar, name, lambda *a, **kw: TRUE_PROBE) for name in ("round_costs", "reconfirmed")]
 VARIANTS["trueprobe_notries"] = VARIANTS["trueprobe"] + VARIANTS["notries"]
+# with early dispatch a K = 1 round costs ~1.10 plain rounds: less doubt to plain (MARGIN 1.05 -> 1.02 to enter,
+# STAY 1.03 -> 1.0 to stay), or fewer rounds before a choice may be left (MIN_EVIDENCE 6 -> 3)
+VARIANTS["margin2"] = [(width_control, "MARGIN", 1.02), (figures, "MARGIN", 1.02), (width_control, "STAY", 1.0)]
+VARIANTS["minev3"] = [(width_control, "MIN_EVIDENCE", 3)]
 
 
 def _scaled_ratio(shrink: float | None):
@@ -244,6 +262,21 @@ def _lone_k1(explore: bool):
 
 VARIANTS["lonek1"], VARIANTS["lonek1x"] = _lone_k1(False), _lone_k1(True)
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
+# every width's untried K's on their own estimates (per-position rates: the pool's where the request has none), no hope
+VARIANTS["nohope"] = [(width_control.WidthControl, "_hopes", lambda self, max_k, costs, acc, nearby, lone, drains: {
+    k: self.gain(k, costs, acc, nearby, lone, hope=False)[0] * drains[k] for k in range(1, max_k + 1)
+    if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
+    or self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})]
+VARIANTS["ceil1m3"] = VARIANTS["ceil1"] + VARIANTS["minev3"]
+# a lone request tries a deeper K on its hope only while this width has not measured it (once per process),
+# never again when stale (LONE_TRY_WITHIN 1.0 as before early dispatch)
+VARIANTS["untriedonly"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control.WidthControl, "_hopes",
+    lambda self, max_k, costs, acc, nearby, lone, drains: {
+        k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k] for k in range(1, max_k + 1)
+        if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
+        or not lone and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})]
+VARIANTS["tries6"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control, "LONE_MIN_EVIDENCE", 6)]
+VARIANTS["notriesm3"] = VARIANTS["notries"] + VARIANTS["minev3"]
 
 
 def bucket(width: int) -> int:

@@ -11,6 +11,7 @@ from gmlx.engine import speculation
 from gmlx.engine.metrics import EventKind
 from gmlx.policy import control, thresholds, width_control
 from gmlx.policy.control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, Acceptance, Controller
+from gmlx.policy.thresholds import LONE_MIN_EVIDENCE
 from gmlx.policy.width_control import EXPLORE_SOON
 from gmlx.policy.costs import Costs
 from gmlx.policy.figures import DECAY, LONE_PRIOR_ROUNDS, MIN_ROUNDS_TO_STOP
@@ -808,13 +809,14 @@ def test_steady_rate_is_the_controls_estimator():
     assert spec / plain == pytest.approx(2.4 * 0.05 / 0.08)
 
 
-@pytest.mark.parametrize("within, tries", [(None, False), (0.9, True)])
-def test_a_lone_request_tries_a_deeper_k_only_when_its_hope_reaches_the_best(monkeypatch, within, tries):
+@pytest.mark.parametrize("within, tries", [(None, False), (1.0, False), (0.9, True)])
+def test_a_lone_request_tries_no_deeper_k_on_its_hope(monkeypatch, within, tries):
     """Width 1, K=1 paired at 1.15 plain rounds; a request accepting 0.3 of its first drafts and,
     once one agreed, 0.3 of its second: K=1 predicted 1.13x, K=2's hope (its second draft counted
-    toward always agreeing) 1.07x. The lone request does not try K=2 (LONE_TRY_WITHIN: its hope
-    must reach the best's gain; such tries recur within a request and ran 0.65-0.94x on SmolLM2
-    chat); at the batch widths' TRY_WITHIN (0.9 of the best) it would."""
+    toward always agreeing) 1.07x. The lone request does not try K=2 (LONE_TRY_WITHIN, infinite
+    since early dispatch: such tries recur within a request, and a deeper K runs only where its
+    own estimate predicts it best — the next test); nor did it under the rule before (its hope had
+    to reach the best's gain); at the batch widths' TRY_WITHIN (0.9 of the best) it would."""
     if within is not None:
         monkeypatch.setattr(width_control, "LONE_TRY_WITHIN", within)
     ctl = fresh(Costs(verify=(1.0, 1.15, 1.35), draft=0.0))
@@ -832,6 +834,44 @@ def test_a_lone_request_tries_a_deeper_k_only_when_its_hope_reaches_the_best(mon
         ks.append(ctl.choose(1, 2, own).k)
         ctl.observe(1, ks[-1], 0.010 * (1.0, 1.15, 1.35)[ks[-1]], [(ks[-1], 0)])
     assert (2 in ks) is tries, ks
+
+
+def _lone_paired(ratio: float = 1.10) -> Controller:
+    """Width 1 with K=1's ratio paired at `ratio` plain rounds (plain and K=1 runs side by side)."""
+    ctl = fresh(Costs(verify=(1.0, ratio, 1.35), draft=0.0))
+    for i in range(48):
+        k = (i // 6) % 2
+        feed(ctl, 1, k, 0.010 * (1.0, ratio)[k], accepted=i % 3 == 0)
+    assert ctl.at(1).pairs.ratio(1) == pytest.approx(ratio)
+    return ctl
+
+
+def test_a_lone_request_runs_a_deeper_k_its_own_estimate_predicts_best():
+    """No hope needed: a request whose first drafts agree half the time and its second ones 0.9 of
+    the time once the first did (K=1 1.36x, K=2 about 1.44x) runs K=2, its best by its own estimate."""
+    ctl = _lone_paired()
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice = 1, MIN_EVIDENCE
+    own = Acceptance(5.0, 5.0, rounds=10, depth=[[5.0, 10.0], [9.0, 10.0]])
+    assert wc.gain(2, ctl.costs, own, lone=True)[0] > wc.gain(1, ctl.costs, own, lone=True)[0] > 1.0
+    assert ctl.choose(1, 2, own).k == 2
+
+
+def test_a_lone_request_leaves_a_choice_after_lone_min_evidence_rounds():
+    """K=1 paired at 1.10 plain rounds: a request whose acceptance falls to 0.05 goes plain, and
+    once its (shadow) records say 0.5 again it comes back after LONE_MIN_EVIDENCE plain rounds,
+    not a batch width's MIN_EVIDENCE: its estimate is its own and current while plain."""
+    assert LONE_MIN_EVIDENCE < MIN_EVIDENCE
+    ctl = _lone_paired()
+    wc = ctl.at(1)
+    wc.current, wc.rounds_in_choice = 1, MIN_EVIDENCE
+    poor, good = Acceptance(0.5, 9.5, rounds=10), Acceptance(5.0, 5.0, rounds=10)
+    assert ctl.choose(1, 1, poor).k == 0
+    ks = []
+    for _ in range(MIN_EVIDENCE):
+        feed(ctl, 1, 0, 0.010, accepted=0)
+        ks.append(ctl.choose(1, 1, good).k)
+    assert ks == [0] * (LONE_MIN_EVIDENCE - 1) + [1] * (MIN_EVIDENCE - LONE_MIN_EVIDENCE + 1), ks
 
 
 ROWS = Costs(verify=(1.0, 1.1, 1.3, 1.3), draft=0.04, rows=((1, 1.0), (2, 1.1), (4, 1.3), (8, 2.4), (16, 3.2)))

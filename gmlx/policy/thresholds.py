@@ -9,7 +9,13 @@ TRY_WITHIN = 0.9  # an unmeasured K predicted at least this fraction of the best
 # tries recur (a K not run for RETRY_AFTER rounds is untried again) within each request, and on
 # SmolLM2 float32 (128-token answers, this CPU) K = 2-3 tried at 0.9 of K = 1's gain ran 0.65-0.94x
 # on chat; the control with a K ceiling of 1 beat the default in 9 of 10 paired runs (1-5 %).
-LONE_TRY_WITHIN = 1.0
+# Since early dispatch (gmlx/models/early_dispatch.py, 2026-12-06) a lone K = 1 round costs ~1.10 plain
+# rounds here and K = 2 / 3 1.43 / 1.56: no try on hope at all (infinite), a deeper K runs only where the
+# request's own per-position estimates predict it best. On the jittered simulated clock (sim_control.py
+# `notries`, SmolLM2 float32, 4 x 48 tokens, 6 seeds) chat 1.085x -> 1.111x of plain, code 1.312x -> 1.325x.
+# A trade: the embedded model, whose deeper drafts agree once the first does, found its K = 3 through
+# these tries (wall time, with LONE_MIN_EVIDENCE below, 3 runs: 1.28-1.30x -> 1.16-1.24x of plain).
+LONE_TRY_WITHIN = float("inf")
 # A batch width's first MIN_EVIDENCE speculative rounds draft K = 1, whatever the prior predicts:
 # they measure the acceptance at the cheapest round (the lone request's tries are K = 1 too:
 # LONE_TRY). A first try at the prior's K = 3 that met a poor start weighed K = 3's cost against
@@ -44,6 +50,12 @@ SHADOW_SPAN = 24
 # code c = 4 0.918x -> 0.931x; no cell slower (in wall time unresolved: docs/cpu_kernel.md).
 SHADOW_STOP = 1.05
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
+# ... for the lone request: its shadow rounds (gmlx/decode/shadow.py) keep its acceptance current while
+# plain, and a plain stretch held 6 rounds where K = 1 (~1.10 plain rounds since early dispatch) pays at
+# an acceptance of ~0.1 cost it more than it saved. Simulated (as LONE_TRY_WITHIN's, with it): chat
+# 1.111x -> 1.158x of plain, code 1.325x (K = 1 every round 1.152x / 1.390x); at batch widths 3 lost
+# 3.3 % on code at c = 2 (`minev3`), so they keep 6.
+LONE_MIN_EVIDENCE = 3
 EXPLORE_FIRST, EXPLORE_MAX = 64, 1024  # plain rounds at a width before speculation is tried again
 # ... and while plain is in force only for want of certainty — the best K predicted MARGIN above
 # plain, but not by Z standard errors — after this many, with no back-off: the expected gain of a

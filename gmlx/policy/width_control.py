@@ -12,10 +12,10 @@ from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Z, Acceptance, Times, gain_doubt, surely_pays
 from gmlx.policy.pairs import PAIR_SPAN, Pairs
-from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, LONE_POINT, LONE_TRY,
-                                    LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER, PLAIN_WINDOW,
-                                    REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, RETRY_AFTER, SHADOW_FIRST, SHADOW_SPAN,
-                                    SHADOW_STOP, TRY_FIRST, TRY_WITHIN)
+from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, LONE_MIN_EVIDENCE,
+                                    LONE_POINT, LONE_TRY, LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER,
+                                    PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, RETRY_AFTER, SHADOW_FIRST,
+                                    SHADOW_SPAN, SHADOW_STOP, TRY_FIRST, TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
@@ -154,8 +154,7 @@ class WidthControl:
         best = argmax = max(gains, key=lambda k: (gains[k], -k))
         best_spec = max(range(1, max_k + 1), key=lambda k: (gains[k], -k)) if max_k else 0
         cur = self.current
-        # the noise matters only to a gain of at least 1 (the entry test, the reason): not computed
-        # otherwise, nor for a lone request once paired (LONE_POINT)
+        # the noise matters only to a gain >= 1 (entry test): not computed otherwise, nor lone once paired (LONE_POINT)
         point = lone and LONE_POINT and bool(self.pairs.paired())
         doubt = (gain_doubt(self.plain, self.spec, best_spec, self.pairs, probe=lone and not self.pairs.paired())
                  if best_spec and near is None and not point and gains[best_spec] >= 1.0 else 0.0)
@@ -165,7 +164,8 @@ class WidthControl:
         if first_shadowed := cur is None and starts_plain(shadowed, lone):
             best = 0  # plain: its shadow rounds measure what a try would (thresholds.SHADOW_FIRST)
         if cur is not None and cur in gains:  # hysteresis, the doubt to plain (see the module's doc)
-            settled, sure = self.rounds_in_choice >= MIN_EVIDENCE, best > 0 and surely_pays(gains[best], doubt)
+            settled = self.rounds_in_choice >= (LONE_MIN_EVIDENCE if lone else MIN_EVIDENCE)
+            sure = best > 0 and surely_pays(gains[best], doubt)
             if (cur == 0) != (best == 0) and not settled:
                 best = cur
             elif (cur == 0 and best and not sure) or (cur and best and settled and (
