@@ -103,6 +103,8 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
                 k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k] for k in range(1, max_k + 1)
                 if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
                 or not lone and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER}))),
+    # (with --concurrency) a plain batch width's shadow rounds stop after 8 rounds predicting no gain, not 24
+    "span8": ("shadows stopped after 8 rounds", lambda: patch.object(width_control, "SHADOW_SPAN", 8)),
     "noretry": ("stale K's not measured again", lambda: patch.object(width_control, "RETRY_AFTER", 10 ** 9)),
     # what `gmlx sweep-cap --write` records on this CPU for SmolLM2 float32 ("a lone request: K = 1"):
     # the control on, its ceiling at width 1 one draft (the user config's K per width, as CapWatch reads it)

@@ -275,6 +275,7 @@ VARIANTS["untriedonly"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_contr
         k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k] for k in range(1, max_k + 1)
         if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
         or not lone and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})]
+VARIANTS["span8"] = [(width_control, "SHADOW_SPAN", 8)]  # a plain width's shadows stop after one replay's records
 VARIANTS["tries6"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control, "LONE_MIN_EVIDENCE", 6)]
 VARIANTS["notriesm3"] = VARIANTS["notries"] + VARIANTS["minev3"]
 

@@ -117,3 +117,13 @@ def test_the_real_model_s_streams_with_early_dispatch_off_and_on(smollm2, monkey
             got = eng.generate(prompt, params).tokens
             eng.close()
             matches_solo(lm, prompt, params, got)
+
+
+def test_a_quantized_target_s_twin_dispatches_early_too(smollm2):
+    """The dequantized twin (a quantized target's verifies on the CPU) is made of shallow copies of
+    the layers, made after the install: its layers are early-dispatching too."""
+    t = smollm2.load("q").target
+    if t.twin is None:
+        pytest.skip("no dequantized twin on this backend")
+    assert all(type(layer) in early_dispatch._classes.values() for layer in t.twin.model.layers)
+    assert all(type(layer) in early_dispatch._classes.values() for layer in t.backbone.layers)

@@ -73,8 +73,8 @@ class Target:
         # Hybrid families: recurrent layers capture their state per position in a multi-token
         # forward, so a verify rolls back exactly (gmlx/recurrent.py); why not, when they cannot.
         self.recurrent_blockers = gated_delta.install(model)
-        # Verifies dispatch each layer as it is built (gmlx/models/early_dispatch.py); before the
-        # twin is made, so that its layers (shallow copies) do too.
+        # Its forwards dispatch each layer as it is built (gmlx/models/early_dispatch.py); installed
+        # before the twin is made, so that the twin's layers (shallow copies) do too.
         early_dispatch.install(backbone.layers)
         # A quantized model on the CPU runs its multi-token forwards through a dequantized twin
         # (gmlx/models/dequantized.py): a verify of k+1 tokens then costs ~1.3 steps, not k+1.

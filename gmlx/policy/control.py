@@ -25,7 +25,7 @@ timed yet takes the ratio from the nearest width where it is (the load probe tim
 at width 1; as rows are added a verify costs relatively more), and a loss predicted from a
 narrower width is not tried first. The best k (gain, k = 0 counting 1) runs, with hysteresis giving the
 doubt to plain (never lose): speculation is left once predicted under STAY (after MIN_EVIDENCE
-rounds), entered only when predicted MARGIN better and above 1 by more than Z standard errors
+rounds; LONE_MIN_EVIDENCE for the lone request), entered only when predicted MARGIN better and above 1 by more than Z standard errors
 of its measured figures (the paired ratio or two period medians, the tokens per round); a try
 (a new width's first, an exploration) stays after MIN_EVIDENCE rounds only if it passes that; a
 batch width's first MIN_EVIDENCE speculative rounds draft K = 1 (FIRST_K1), deeper K's following.
@@ -33,7 +33,9 @@ A K not measured lately (untried, or not run for RETRY_AFTER speculative rounds)
 few rounds when its hope — its deeper draft positions credited as if they always agreed once
 reached — could come within TRY_WITHIN of the best: the geometric model errs low for a head whose
 later drafts agree once the first does (SmolLM2's EAGLE-3 head: K=3 was never run while it was
-the best fixed K), and a few unlucky rounds must not shelve a K for good.
+the best fixed K), and a few unlucky rounds must not shelve a K for good. Not at the lone request's
+width since early dispatch made its K = 1 rounds cheap (LONE_TRY_WITHIN: there a deeper K runs where
+the request's own estimate predicts it best).
 
 Keeping the estimates fresh at a bounded cost: a width decided plain tries speculation again
 after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
