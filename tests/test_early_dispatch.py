@@ -55,7 +55,8 @@ def test_the_target_s_forwards_dispatch_each_layer_and_mlx_lm_s_calls_do_not(loa
         counted.calls.clear()
         logits = forward()
         assert counted.calls == [((1, 3, t.hidden_size),)] * t.num_layers
-        assert mx.array_equal(logits, ref).item()  # sync: test; the same operations, the same values
+        # sync: test; the same operations (a compiler may contract a multiply-add differently: tolerance)
+        assert mx.allclose(logits, ref, rtol=1e-5, atol=1e-5).item()
     counted.calls.clear()
     monkeypatch.setenv("GMLX_EARLY_DISPATCH", "0")
     t(x, t.make_cache())
