@@ -2,7 +2,7 @@
 decoding, K = 1 every round and the shipped default (online control), each off and on, on SmolLM2 (code and chat
 prompts) and the embedded model (its shipped code prompts), at concurrency c.
 
-Both sides run the same engine; GMLX_EARLY_DISPATCH (read at each verify) says which. Closed loops
+Both sides run the same engine; GMLX_EARLY_DISPATCH (read at each forward) says which. Closed loops
 (benchmarks/common.py) over a kind's prompts, EOS ignored; arms interleaved, the order alternating
 per repeat, after one warm-up repeat not counted; each run starts with nothing learnt and measures
 its own load-probe costs (the probe times verifies as the engine runs them, so with or without
@@ -23,15 +23,12 @@ from pathlib import Path
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
 from gmlx import Engine, EngineConfig, switches
-from gmlx.data import load_prompts
 from gmlx.decode import probe
-from gmlx.gguf.smollm2 import converted
 from gmlx.machine import describe
-from gmlx.models.loading import load
 from gmlx.policy import control
 from gmlx.policy.figures import owner
 
-from bench_matrix import prompt_sets
+from bench_matrix import model, prompt_sets
 from common import closed_loop, command_line, write_result
 
 # arm -> (engine config, GMLX_EARLY_DISPATCH)
@@ -43,13 +40,10 @@ ARMS = {"plain-off": (EngineConfig(speculative=False, prompt_cache_bytes=0), "0"
         "default-on": (EngineConfig(prompt_cache_bytes=0), "1")}
 
 
-def model_prompts(model: str, kinds: list[str]) -> tuple[object, dict[str, list]]:
-    if model == "embedded":
-        lm = load(None)
-        return lm, {"code": [lm.tokenizer.encode(p) for p in load_prompts()[:4]]}
-    lm = load(converted("float32" if model == "smollm2-f32" else "q"))
-    sets = prompt_sets(lm, "smollm2")
-    return lm, {k: sets[k] for k in kinds}
+def model_prompts(name: str, kinds: list[str]) -> tuple[object, dict[str, list]]:
+    """bench_matrix's model and its prompt sets (the embedded model: code only), the kinds asked for."""
+    lm = model(name)
+    return lm, {k: v for k, v in prompt_sets(lm, name).items() if k in kinds}
 
 
 def run_cell(lm, prompts: list, c: int, max_tokens: int, repeats: int) -> dict:
