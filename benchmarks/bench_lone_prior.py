@@ -20,7 +20,8 @@ Variants (`--variants`):
   repeat; not kept.)
 - ceil1: the control with one draft at most at width 1, as after `gmlx sweep-cap --write` here
   (it recommends "a lone request: K = 1" for SmolLM2 float32 on this CPU).
-- k1: K = 1 every round, the control off (the best fixed K on SmolLM2 float32 at c = 1).
+- k1 / k2 / k3: K = 1 (2, 3) every round, the control off (K = 1: the best fixed K on SmolLM2
+  float32 at c = 1).
 - norearm / sure: a lone request the control sends plain drops its drafter and decodes plain to
   its end, and a try stays only if its gain is sure (norearm: gmlx before scalar.REARM_MIN and
   width_control.LONE_POINT); or it re-arms but the doubt is kept (sure).
@@ -105,6 +106,8 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
                 or not lone and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER}))),
     # (with --concurrency) a plain batch width's shadow rounds stop after 8 rounds predicting no gain, not 24
     "span8": ("shadows stopped after 8 rounds", lambda: patch.object(width_control, "SHADOW_SPAN", 8)),
+    # ... or, stopped, explored by a try whatever K is predicted, not by shadows again (before 2026-12-06 later)
+    "noagain": ("stopped shadows' exploration tries", lambda: patch.object(width_control, "SHADOW_AGAIN", False)),
     "noretry": ("stale K's not measured again", lambda: patch.object(width_control, "RETRY_AFTER", 10 ** 9)),
     # what `gmlx sweep-cap --write` records on this CPU for SmolLM2 float32 ("a lone request: K = 1"):
     # the control on, its ceiling at width 1 one draft (the user config's K per width, as CapWatch reads it)
@@ -116,6 +119,8 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "notry": ("no K=1 try for a new request", lambda: patch.object(width_control, "LONE_TRY", False)),
     "ceil1notry": ("ceil1, no K=1 try", lambda: _both(VARIANTS["ceil1"][1](), VARIANTS["notry"][1]())),
     "k1": ("K=1 every round, control off", contextlib.nullcontext),
+    "k2": ("K=2 every round, control off", contextlib.nullcontext),
+    "k3": ("K=3 every round, control off", contextlib.nullcontext),
     # a lone request sent plain drops its drafter and stays plain, and a try stays only if its gain
     # is sure (gmlx before this rule: scalar.REARM_MIN, width_control.LONE_POINT)
     "norearm": ("no re-arm, doubt kept", lambda: _both(patch.object(scalar, "REARM_MIN", 10 ** 9),
@@ -139,12 +144,12 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
         width_control.WidthControl, "_seen", lambda self, k, acc, lone, seen=width_control.WidthControl._seen:
         (seen(self, k, acc, False) * acc.emitted(k) / self.acceptance.emitted(k)) if lone else seen(self, k, acc, lone))),
 }
-K1 = (EngineConfig(num_draft_tokens=1, width_cap=0), Switches(control=False))
+FIXED_K = {f"k{k}": (EngineConfig(num_draft_tokens=k, width_cap=0), Switches(control=False)) for k in (1, 2, 3)}
 OFF = (EngineConfig(width_cap=0, prompt_cache_bytes=0), Switches(control=False))  # the lane's own K per round (its acceptance, the probe's costs)
 
 
 def one(lm, arm: str, prompts: list[list[int]], max_tokens: int, fresh: bool = False) -> dict:
-    config, switches = (K1 if arm == "k1" else OFF if arm == "off" else
+    config, switches = (FIXED_K[arm] if arm in FIXED_K else OFF if arm == "off" else
                         ARMS["plain" if arm == "plain" else "default"][:2])
     if fresh:  # nothing learnt: a fresh process's first request(s)
         control.forget(lm.target)

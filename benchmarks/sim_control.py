@@ -276,6 +276,9 @@ VARIANTS["untriedonly"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_contr
         if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
         or not lone and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})]
 VARIANTS["span8"] = [(width_control, "SHADOW_SPAN", 8)]  # a plain width's shadows stop after one replay's records
+# a plain width whose shadows stopped explores by a try, whatever K is predicted (before 2026-12-06 later)
+VARIANTS["noagain"] = [(width_control, "SHADOW_AGAIN", False)]
+VARIANTS["span12"] = [(width_control, "SHADOW_SPAN", 12)]
 VARIANTS["tries6"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control, "LONE_MIN_EVIDENCE", 6)]
 VARIANTS["notriesm3"] = VARIANTS["notries"] + VARIANTS["minev3"]
 

@@ -2,6 +2,8 @@
 with it on — unpinned (real round times) and forced both ways (round times replaced by chosen
 figures) — where every stream still equals its solo plain stream."""
 
+import re
+
 import pytest
 
 from engine_helpers import P, check_solo, drive
@@ -968,7 +970,7 @@ def test_a_width_far_from_paying_stops_its_shadows_after_their_span(monkeypatch,
     for pattern, far in (([0], True), ([1, 1, 1, 0], stop == "SHADOW_STOP"), ([1], False)):
         ctl = fresh(ROWS)
         for i in range(width_control.SHADOW_SPAN + MIN_EVIDENCE):
-            c = ctl.choose(4, 3, shadowed=not ctl.far_from_paying(4))
+            c = ctl.choose(4, 3, shadowed=True)  # (it can shadow; whether it does now: far_from_paying)
             if c.k:  # (every draft agreeing: the width speculates, and is no longer plain)
                 break
             assert ctl.far_from_paying(4) is (far and i >= width_control.SHADOW_SPAN), (pattern, i)
@@ -979,6 +981,38 @@ def test_a_width_far_from_paying_stops_its_shadows_after_their_span(monkeypatch,
             assert c.k == 0 and thresholds.TRY_FIRST <= c.best_spec[1] < thresholds.SHADOW_STOP, c
 
 
+@pytest.mark.parametrize("pattern", [[0], [1, 1, 1, 0]])
+def test_a_width_far_from_paying_explores_by_shadowing_again_unless_a_k_is_near_paying(pattern):
+    """thresholds.SHADOW_AGAIN: a plain width whose shadows stopped (far_from_paying) explores after
+    EXPLORE_FIRST plain rounds (doubling) by starting its shadows again for SHADOW_SPAN rounds, not
+    by a try, where every K is predicted under TRY_FIRST (no draft agreeing): its shadows measure
+    the acceptance a try would, for a fraction of a try's loss. Where one is predicted at least
+    TRY_FIRST (three drafts in four agreeing: K = 3 at ~1.04x), the exploration tries it."""
+    ctl = fresh(ROWS)
+    far, ks = [], []
+    for _ in range(EXPLORE_FIRST * 4):
+        c = ctl.choose(4, 3, shadowed=True)
+        ks.append(c.k)
+        if c.k:
+            break
+        far.append(ctl.far_from_paying(4))
+        feed(ctl, 4, 0, 0.01, accepted=0)
+        if not far[-1]:  # (the lane's shadow records, while it shadows)
+            ctl.shadowed(4, [(1, a) for a in (pattern * 4)[:4]])
+    said = "".join(".S"[not f] for f in far)
+    if pattern == [0]:
+        span = width_control.SHADOW_SPAN
+        assert not any(ks), ks
+        # shadows, stopped, started again after EXPLORE_FIRST plain rounds, stopped; then after twice that
+        assert re.fullmatch(rf"S{{{span}}}\.+S{{{span}}}\.+S+\.*", said), said
+        stops = [m.start() for m in re.finditer(r"S\.", said)]
+        starts = [m.end() - 1 for m in re.finditer(r"\.S", said)]
+        assert starts[0] - span <= EXPLORE_FIRST + control.DECIDE_EVERY, said  # (plain_run counts from the start)
+        assert starts[1] - starts[0] >= 2 * EXPLORE_FIRST and len(stops) >= 2, said
+    else:
+        assert ks[-1] > 0 and ctl.last[4].exploring and "S." in said, (ks, said)
+
+
 def test_a_new_engine_s_batch_starts_without_shadows_where_the_width_is_far_from_paying():
     """far_from_paying reads the width's shared figures, not the engine's: the next engine on the
     same target (the next bench cell, a server's next Engine) does not shadow its batch again for
@@ -987,7 +1021,7 @@ def test_a_new_engine_s_batch_starts_without_shadows_where_the_width_is_far_from
     target = _Target()
     ctl = Controller(target, "mtp", ROWS)
     for _ in range(width_control.SHADOW_SPAN + MIN_EVIDENCE):
-        assert ctl.choose(4, 3, shadowed=not ctl.far_from_paying(4)).k == 0
+        assert ctl.choose(4, 3, shadowed=True).k == 0
         feed(ctl, 4, 0, 0.01, accepted=0)
         ctl.shadowed(4, [(1, 0)] * 4)
     assert ctl.far_from_paying(4)
@@ -996,12 +1030,12 @@ def test_a_new_engine_s_batch_starts_without_shadows_where_the_width_is_far_from
     assert not Controller(target, "ngram", ROWS).far_from_paying(4)  # (another drafter's figures: none yet)
 
 
-def test_a_batch_far_from_paying_drops_its_shadows_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch):
-    """A speculative round timed at 6 plain ones: once width 2 has measured that, its plain
-    stretch is predicted far under plain, and after SHADOW_SPAN rounds its batch decodes plain
-    without shadows (their replays' cost buys nothing); every stream equals its solo plain one."""
+def _far_batch(lm, prompts, monkeypatch, explore_first: int, n: int) -> str:
+    """Two requests of n tokens on an engine whose speculative rounds are timed at 6 plain ones
+    (every K far under plain once measured), streams checked against solo plain decoding; its batch
+    rounds said in turn: x speculative, S plain with shadows, . plain without."""
     forced(monkeypatch, spec_cost=6.0)
-    monkeypatch.setattr(width_control, "EXPLORE_FIRST", 10 ** 6)
+    monkeypatch.setattr(width_control, "EXPLORE_FIRST", explore_first)
     eng = on(lm, drafter="mtp")
     kinds = []  # per batch round: (kind, a shadow kept)
     real = eng.lanes.run
@@ -1011,14 +1045,30 @@ def test_a_batch_far_from_paying_drops_its_shadows_and_every_stream_equals_solo(
         return real(kind, width)
 
     monkeypatch.setattr(eng.lanes, "run", run)
-    run_ = drive(eng, {0: [("a", prompts[0], P(120)), ("b", prompts[1], P(120, seed=2, t=0.8))]})
-    check_solo(lm, run_)
-    said = "".join("x" if k == "speculative" else "S" if sh else "." for k, sh in kinds)
+    check_solo(lm, drive(eng, {0: [("a", prompts[0], P(n)), ("b", prompts[1], P(n, seed=2, t=0.8))]}))
+    eng.close()
+    return "".join("x" if k == "speculative" else "S" if sh else "." for k, sh in kinds)
+
+
+def test_a_batch_far_from_paying_drops_its_shadows_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch):
+    """A speculative round timed at 6 plain ones: once width 2 has measured that, its plain
+    stretch is predicted far under plain, and after SHADOW_SPAN rounds its batch decodes plain
+    without shadows (their replays' cost buys nothing); every stream equals its solo plain one."""
+    said = _far_batch(lm, prompts, monkeypatch, 10 ** 6, 120)
     last_spec = said.rfind("x")
     tail = said[last_spec + 1:]  # the plain stretch after the last speculative round
     assert last_spec >= 0 and "S" in tail and tail.endswith("." * 16), said
     assert len(tail.rstrip(".")) >= width_control.SHADOW_SPAN - 8, said  # the shadows had their span first
-    eng.close()
+
+
+def test_a_far_batch_explores_by_shadowing_again_and_every_stream_equals_solo(lm, prompts, clean, monkeypatch):
+    """As above with explorations due: where the width's shadows stopped and every K is predicted
+    far under TRY_FIRST, its exploration starts the gated batch's shadow rounds again (a plain
+    step's hidden states arm the drafter: Lanes.run, BatchLoop.shadow_again) instead of trying a
+    K; every stream equals its solo plain one."""
+    said = _far_batch(lm, prompts, monkeypatch, 16, 160)
+    tail = said[said.rfind("x") + 1:]
+    assert re.search(r"S+\.+S+", tail), said  # stopped, then started again, with no try between
 
 
 def test_unpinned_a_batch_is_decided_on_its_measured_rows_costs_and_every_stream_equals_solo(lm, prompts, clean,

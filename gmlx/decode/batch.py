@@ -49,6 +49,7 @@ class BatchLoop:
         self.lookahead_lps: mx.array | None = None  # their logprobs, when some row asked (gmlx.processors)
         self.rs: RowSampling | None = None
         self.shadow: BatchShadow | None = None  # gated: the drafter's state kept by shadow rounds
+        self.shadow_wanted = False  # gated without one: the next plain step starts shadow rounds
 
     @property
     def width(self) -> int:
@@ -99,6 +100,7 @@ class BatchLoop:
         self.rows = [self.rows[i] for i in keep]
         if not keep:
             self.cache, self.draft, self.lookahead, self.rs, self.shadow = [], None, None, None, None
+            self.shadow_wanted = False
             return
         filter_rows(self.cache, keep)
         idx = mx.array(keep, dtype=mx.int32)
@@ -120,6 +122,11 @@ class BatchLoop:
         """End the gated stretch's shadow rounds (a resume then rebuilds the drafter's state with
         a capture round, as after a gate that kept nothing)."""
         self.shadow = None
+
+    def shadow_again(self) -> None:
+        """Start shadow rounds in this gated stretch from the next plain step: its hidden states
+        arm the drafter as a capture round's do (a cold start: no history before that step)."""
+        self.shadow_wanted = self.drafter is not None
 
     def _resample(self) -> None:
         self.rs = RowSampling.from_params([r.params for r in self.rows], [r.seed for r in self.rows])
@@ -179,7 +186,7 @@ class BatchLoop:
     def _plain_step(self, y: mx.array, shift: int) -> tuple[mx.array, mx.array | None]:
         """Each row's next token (and logprobs, None unless asked); shift 1: `y` is the previous
         step's tokens, still on the device (processors see them there)."""
-        if self.shadow is None:
+        if self.shadow is None and not self.shadow_wanted:
             logits = self.target.logits(y, self.cache)[:, -1:]  # [B, 1, V]
         else:  # the hidden-capturing forward, as a verify's: the shadow's entries
             logits, hidden = self.target(y, self.cache)
@@ -188,6 +195,9 @@ class BatchLoop:
         tok = sample(logits, self.rs, self._first_positions(shift))  # [B, 1]
         if self.shadow is not None:
             self.shadow.commit(hidden[:, -1:], tok, self._first_positions(shift))
+        elif self.shadow_wanted:  # (FAULT: see speculative_round's commit)
+            state = self.drafter.capture(self.rows, hidden[:, -1:], mx.maximum(tok, 0))
+            self.shadow, self.shadow_wanted = BatchShadow(self.drafter, state, self.rows), False
         return tok, scored(logits, tok, self.rs)
 
     def capture_round(self) -> list[RoundResult]:
@@ -199,6 +209,7 @@ class BatchLoop:
         lps = scored(logits, targets, self.rs)
         mx.eval(targets) if lps is None else mx.eval(targets, lps)  # sync: the round's one host read
         toks = targets.tolist()  # sync: evaluated above
+        self.shadow_wanted = False
         if self.shadow is not None:  # the state the shadow rounds kept: the drafter's whole history
             self.drafter.commit(self.shadow.state, 0, np.zeros(self.width, dtype=np.int64), hidden,
                                 mx.maximum(targets, 0))

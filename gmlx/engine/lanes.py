@@ -105,6 +105,8 @@ class Lanes:
                 self.batch.shadow.dispatch(self.batch.rows)
             else:  # the width is far from paying: its shadows' cost buys nothing (Speculation.shadows)
                 self.batch.drop_shadow()
+        elif self.mode is Mode.GATED and self.wants_hidden and self.spec.shadows(width, self.batch.rows):
+            self.batch.shadow_again()  # (the width's exploration started its shadows again, or new rows joined)
         return results
 
     def retire(self) -> None:

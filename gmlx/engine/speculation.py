@@ -56,11 +56,11 @@ class Speculation:
         asked = {live, live + queued, 1 + queued, queued} - {0}
         return frozenset(w for w in asked | ({batch_width} - {0})
                          if (w == batch_width and self.choice.k == 0)
-                         or (w != batch_width and self.control.decided_plain(w, self.shadows(w, rows))))
+                         or (w != batch_width and self.control.decided_plain(w, self.can_shadow(w, rows))))
 
     def _choose(self, width: int, rows: list) -> None:
         self.choice = self.control.choose(width, self.ceiling(width), remaining=tuple(r.remaining for r in rows),
-                                          drain_share=self.refills.drain_share, shadowed=self.shadows(width, rows))
+                                          drain_share=self.refills.drain_share, shadowed=self.can_shadow(width, rows))
         self._chosen_at = bucket(width)
 
     @property
@@ -117,14 +117,18 @@ class Speculation:
         if self.control is not None:
             self.control.shadowed(width, records)
 
-    def shadows(self, width: int, rows: list) -> bool:
-        """Whether a gated batch of this width with these rows keeps its drafter for shadow rounds:
+    def can_shadow(self, width: int, rows: list) -> bool:
+        """Whether a gated batch of this width with these rows can shadow (gmlx/decode/batch_shadow.py):
         the control is on, the drafter replays a batch, the cap lets the width speculate (a gate
         over the cap has nothing to measure for), and no row has a prediction (its drafts are the
         prediction's, and plain steps advance no alignment)."""
         return (self.control is not None and batch_shadow.SHADOWS and self.drafter.batch_replays
-                and self.caps.current.allows(width) and not any(r.params.prediction for r in rows)
-                and not self.control.far_from_paying(width))
+                and self.caps.current.allows(width) and not any(r.params.prediction for r in rows))
+
+    def shadows(self, width: int, rows: list) -> bool:
+        """Whether it shadows now: it can, and the width is not far from paying (its shadows stopped
+        until its exploration starts them again: control.Controller.far_from_paying)."""
+        return self.can_shadow(width, rows) and not self.control.far_from_paying(width)
 
     def round_starts(self, t: float, width: int, steady: bool) -> None:
         """A round of `width` rows starts at t: the previous round's period ends here, and counts

@@ -180,7 +180,8 @@ class Controller:
         """The k to run at this width now (at most `max_k`, the configured ceiling). Call once per
         round that runs at this width: the hysteresis and exploration count rounds. `remaining`:
         the rows' budgets left (a batch's), `drain_share`: how often a finished row's place stays
-        empty (the drain charge, gmlx/policy/drain.py)."""
+        empty (the drain charge, gmlx/policy/drain.py); `shadowed`: a plain batch of this width can
+        shadow (its shadow rounds may be stopped: far_from_paying)."""
         wc = self.at(width)
         asked, (last, last_acc, at_round) = (bucket(width), max_k), self._repeat
         if last == asked and last_acc is acceptance and wc.rounds - at_round < DECIDE_EVERY and wc.settled() \
@@ -190,9 +191,14 @@ class Controller:
         before = wc.current
         # (a batch width's costs: read off the probe's forwards of its rows, costs.Costs.at_width)
         near = self._nearest_timed(bucket(width))  # (with its costs: its ratio is scaled to this width's)
+        stopped, again = shadowed and self.far_from_paying(width), width_control.SHADOW_AGAIN  # (its shadows)
         choice = wc.choose(max_k, self.costs.at_width(bucket(width)), acceptance,
                            near and (*near, self.costs.at_width(near[0])), bucket(width), remaining, drain_share,
-                           shadowed)
+                           shadowed and (again or not stopped))
+        if stopped and again and not choice.k and wc.plain_run >= wc.explore_after:
+            # its exploration: shadow rounds again, not a try predicted under TRY_FIRST (thresholds.SHADOW_AGAIN)
+            wc.shadows_from, wc.plain_run = wc.rounds, 0
+            wc.explore_after = min(width_control.EXPLORE_MAX, 2 * wc.explore_after)
         if before is not None and (before == 0) != (wc.current == 0):  # a plain window is no switch
             self.switches += 1
             self.switched.append((width, choice.reason))
@@ -218,14 +224,15 @@ class Controller:
         return current == 0 or (current is None and width_control.starts_plain(shadowed, lone=width <= 1))
 
     def far_from_paying(self, width: int) -> bool:
-        """Whether this width has been plain SHADOW_SPAN rounds with every K predicted under
-        SHADOW_STOP, short of a switch (a query): its shadow rounds, which had that long to see the
-        drafts agree more, then cost more than they can change — with the CPU's small-M kernel ~7 %
-        of a SmolLM2 float32 batch's CPU time — and its exploration (EXPLORE_FIRST, doubling) measures instead."""
+        """Whether this width has been plain SHADOW_SPAN rounds (since its shadows last started) with
+        every K predicted under SHADOW_STOP, short of a switch (a query): its shadow rounds, which had
+        that long to see the drafts agree more, then cost more than they can change — with the CPU's
+        small-M kernel ~7 % of a SmolLM2 float32 batch's CPU time — until its exploration (EXPLORE_FIRST,
+        doubling) starts them again, or tries a K predicted at least TRY_FIRST (thresholds.SHADOW_AGAIN)."""
         wc = self._shared.get((self.drafter_kind, bucket(width)))
         c = wc.last_choice if wc is not None else None  # (shared: a new engine's batch starts without them)
         return (wc is not None and c is not None and wc.current == 0 and wc.settled()
-                and wc.rounds_in_choice >= width_control.SHADOW_SPAN
+                and min(wc.rounds_in_choice, wc.rounds - wc.shadows_from) >= width_control.SHADOW_SPAN
                 and (c.best_spec is None or c.best_spec[1] < width_control.SHADOW_STOP))
 
     def pooled(self, width: int) -> Acceptance:

@@ -49,6 +49,13 @@ SHADOW_SPAN = 24
 # simulated clock (sim_control.py --carry) chat c = 2 ran 0.931x of plain, 0.954x with this level;
 # code c = 4 0.918x -> 0.931x; no cell slower (in wall time unresolved: docs/cpu_kernel.md).
 SHADOW_STOP = 1.05
+# ... until the width's exploration (EXPLORE_FIRST plain rounds, doubling) starts them again for
+# SHADOW_SPAN rounds, where no K is predicted TRY_FIRST: the shadows measure what a try would, the
+# drafts' acceptance, for ~5 % of a round where a K = 1 try at SmolLM2 chat's 0.27 ran ~0.87x of
+# plain for MIN_EVIDENCE rounds and its gate's shadows then ran SHADOW_SPAN rounds anyway. On the
+# simulated clock (sim_control.py, 48-token answers, c = 2) chat 0.953x -> 0.976x of plain. A K
+# predicted at least TRY_FIRST is still tried (the exploration as before).
+SHADOW_AGAIN = True
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 # ... for the lone request: its shadow rounds (gmlx/decode/shadow.py) keep its acceptance current while
 # plain, and a plain stretch held 6 rounds where K = 1 (~1.10 plain rounds since early dispatch) pays at

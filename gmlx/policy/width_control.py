@@ -15,7 +15,7 @@ from gmlx.policy.pairs import PAIR_SPAN, Pairs
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, LONE_MIN_EVIDENCE,
                                     LONE_POINT, LONE_TRY, LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER,
                                     PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, RETRY_AFTER, SHADOW_FIRST,
-                                    SHADOW_SPAN, SHADOW_STOP, TRY_FIRST, TRY_WITHIN)
+                                    SHADOW_AGAIN, SHADOW_SPAN, SHADOW_STOP, TRY_FIRST, TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
@@ -43,7 +43,7 @@ class WidthControl:
         self.rounds_in_choice = 0
         self.rounds = 0  # rounds observed here
         self.plain_run = 0  # consecutive plain rounds while the choice is plain
-        self.explore_after = EXPLORE_FIRST
+        self.explore_after, self.shadows_from = EXPLORE_FIRST, 0  # (shadows_from: control.far_from_paying)
         self.spec_rounds = 0
         self.last_run: dict[int, int] = {}  # k -> spec_rounds when it last ran here
         self.plain_window = 0  # plain rounds still owed to a window (pairs.Pairs: its rounds pair)
