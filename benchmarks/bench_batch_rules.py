@@ -11,7 +11,10 @@ repeat with the order alternating; ratios are medians of per-repeat ratios to pl
 `--arms` picks others: any arm with `-nohold` appended runs without admission's hold for grouped
 refills (gmlx/policy/admission.py HOLD_ROUNDS = 0; 2026-12-05, later), e.g. `--arms
 plain,plain-nohold,default,default-nohold,k1,k1-nohold`; with `-stop90`, a plain width's shadows stop
-only where every K is predicted under 0.9 (thresholds.SHADOW_STOP before 2026-12-05's last change: 1.05).
+only where every K is predicted under 0.9 (thresholds.SHADOW_STOP before 2026-12-05's last change: 1.05);
+with `-span8`, after 8 rounds predicting no gain instead of 24 (thresholds.SHADOW_SPAN); with
+`-noagain`, a width whose shadows stopped explores by a try whatever K is predicted (before
+thresholds.SHADOW_AGAIN, 2026-12-06 later).
 
 Run: ``python benchmarks/bench_batch_rules.py --model smollm2-f32 --concurrency 2,4 --repeats 6``
 Writes bench_results/<utc>_batch_rules.json and .md.
@@ -42,7 +45,11 @@ def rules(arm: str):
     """The engine's rules for this arm: `before` undoes the three, `-nohold` the hold, every other
     arm runs as shipped."""
     saved = (costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST,
-             admission.HOLD_ROUNDS, width_control.SHADOW_STOP)
+             admission.HOLD_ROUNDS, width_control.SHADOW_STOP, width_control.SHADOW_SPAN, width_control.SHADOW_AGAIN)
+    if "-span8" in arm:
+        width_control.SHADOW_SPAN = 8
+    if "-noagain" in arm:
+        width_control.SHADOW_AGAIN = False
     if "-nohold" in arm:
         admission.HOLD_ROUNDS = 0
     if "-stop90" in arm:
@@ -55,11 +62,11 @@ def rules(arm: str):
         yield
     finally:
         (costs.Costs.at_width, control.Controller.far_from_paying, width_control.SHADOW_FIRST,
-         admission.HOLD_ROUNDS, width_control.SHADOW_STOP) = saved
+         admission.HOLD_ROUNDS, width_control.SHADOW_STOP, width_control.SHADOW_SPAN, width_control.SHADOW_AGAIN) = saved
 
 
 def base_arm(arm: str) -> str:
-    """The arm without its suffixes (`-nohold`, `-stop90`)."""
+    """The arm without its suffixes (`-nohold`, `-stop90`, `-span8`, `-noagain`)."""
     return arm.split("-")[0]
 
 
@@ -99,7 +106,8 @@ def main() -> None:
         print("==", c, {arm: round(v, 3) for arm, v in ratio.items()}, flush=True)
     result = {"command": command_line("bench_batch_rules.py", a), "machine": describe(), "cells": cells}
     path = write_result(a.out, "batch_rules", result)
-    vs = next((("default", o) for o in ("before", "default-stop90", "default-nohold") if o in arms), ("default", "before"))
+    vs = next((("default", o) for o in ("before", "default-stop90", "default-nohold", "default-noagain", "default-span8")
+               if o in arms), ("default", "before"))
     lines = [f"`{result['command']}`", "", "Medians of per-repeat ratios to plain (wall time, interleaved);"
              " `before`: the rules before 2026-12-05's batch-width changes; `-nohold`: without admission's hold;"
              " `-stop90`: shadows stopped only under 0.9",

@@ -11,7 +11,9 @@ mlx-lm's own speculative decoding (`speculative_generate_step`, the same draft a
 Every arm but `default` runs uncapped with GMLX_CONTROL=0 (the drafter's K every round, at every
 width) — the drafter's own figure; `default` is the engine as shipped. Aggregate tokens/s =
 tokens / wall time from submit to the last token (prefill included), median of interleaved
-repeats (the arm order alternates); speedups are medians of per-repeat ratios to plain.
+repeats (the arm order alternates); speedups are medians of per-repeat ratios to plain, of that
+rate and ("decode") of the decode after each request's first token, what `gmlx generate` reports
+as a request's tokens/s (common.decode_rate; prefill and the first token left out).
 
 Run: ``python benchmarks/bench_matrix.py --models smollm2-f32,smollm2-q,embedded --concurrency 1,2,4``
 Writes bench_results/<utc>_matrix.json and .md.
@@ -138,6 +140,9 @@ def main() -> None:
                         "tok_s": {arm: statistics.median(r["tok_s"] for r in reps[arm]) for arm in arms},
                         "speedup": {arm: statistics.median(r["tok_s"] / p["tok_s"] for r, p in zip(reps[arm], reps["plain"]))
                                     for arm in arms},
+                        # ... of the decode after each request's first token (common.decode_rate; not mlx_lm's)
+                        "decode_speedup": {arm: statistics.median(r["decode_tok_s"] / p["decode_tok_s"] for r, p in zip(
+                            reps[arm], reps["plain"])) if arm != "mlx_lm" else None for arm in arms},
                         "acceptance": {arm: (statistics.median(x["acc"] for x in reps[arm] if x["acc"] is not None)
                                              if any(x["acc"] is not None for x in reps[arm]) else None) for arm in arms}}
                 for r in (x for rs in reps.values() for x in rs):
@@ -157,7 +162,9 @@ def main() -> None:
                 cells.append("-")
                 continue
             acc = x["acceptance"][arm]
-            cells.append(f"{x['speedup'][arm]:.2f}x" + (f" (acc {acc:.2f})" if acc is not None else "")
+            dec = x.get("decode_speedup", {}).get(arm)
+            cells.append(f"{x['speedup'][arm]:.2f}x" + (f", decode {dec:.2f}x" if dec is not None else "")
+                         + (f" (acc {acc:.2f})" if acc is not None else "")
                          + ("" if x["same_tokens"][arm] else " DIFFERENT TOKENS"))
         lines.append(f"| {x['model']} | {x['kind']} | {x['c']} | {x['tok_s']['plain']:.1f} | " + " | ".join(cells) + " |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")

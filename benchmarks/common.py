@@ -43,9 +43,9 @@ def summarize(per_rep: dict[str, list[dict]]) -> dict:
     return out
 
 
-def ratio(per_rep: dict[str, list[dict]], x: str, y: str) -> float:
-    """Median over repeats of x's rate / y's rate in the same repeat."""
-    return statistics.median(rx["tok_s"] / ry["tok_s"] for rx, ry in zip(per_rep[x], per_rep[y]))
+def ratio(per_rep: dict[str, list[dict]], x: str, y: str, key: str = "tok_s") -> float:
+    """Median over repeats of x's rate / y's rate in the same repeat (`key`: which rate)."""
+    return statistics.median(rx[key] / ry[key] for rx, ry in zip(per_rep[x], per_rep[y]))
 
 
 def run_burst(lm, prompts, max_tokens: int, config: EngineConfig, switches: Switches = Switches(),
@@ -67,7 +67,17 @@ def run_burst(lm, prompts, max_tokens: int, config: EngineConfig, switches: Swit
     drafted = sum(r.stats["num_drafted"] for r in recs)
     accepted = sum(r.stats["num_accepted"] for r in recs)
     return {"tok_s": toks / dt, "tokens": toks, "acc": accepted / drafted if drafted else None,
-            "transitions": dict(eng.counters.transitions), "out": [r.tokens for r in recs]}
+            "transitions": dict(eng.counters.transitions), "out": [r.tokens for r in recs], **decode_rate(recs)}
+
+
+def decode_rate(recs: list) -> dict:
+    """The requests' decode after their first token, as `gmlx generate` reports a request's rate
+    (request_stats.tokens_per_s; mlx-lm's "Generation" figure): their tokens after the first over
+    the sum of their decode intervals — prefill and the first token left out. With c > 1 requests
+    overlapping, each request's own rate, pooled."""
+    n = [r.stats["num_generated"] - 1 for r in recs if r.stats.get("tokens_per_s")]
+    secs = sum(k / r.stats["tokens_per_s"] for k, r in zip(n, [r for r in recs if r.stats.get("tokens_per_s")]))
+    return {"decode_tokens": sum(n), "decode_s": secs, "decode_tok_s": sum(n) / secs if secs else None}
 
 
 def command_line(script: str, args) -> str:
