@@ -75,9 +75,10 @@ def decode_rate(recs: list) -> dict:
     (request_stats.tokens_per_s; mlx-lm's "Generation" figure): their tokens after the first over
     the sum of their decode intervals — prefill and the first token left out. With c > 1 requests
     overlapping, each request's own rate, pooled."""
-    n = [r.stats["num_generated"] - 1 for r in recs if r.stats.get("tokens_per_s")]
-    secs = sum(k / r.stats["tokens_per_s"] for k, r in zip(n, [r for r in recs if r.stats.get("tokens_per_s")]))
-    return {"decode_tokens": sum(n), "decode_s": secs, "decode_tok_s": sum(n) / secs if secs else None}
+    timed = [r.stats for r in recs if r.stats.get("tokens_per_s")]  # (None: no decode interval)
+    n = sum(s["num_generated"] - 1 for s in timed)
+    secs = sum((s["num_generated"] - 1) / s["tokens_per_s"] for s in timed)
+    return {"decode_tokens": n, "decode_s": secs, "decode_tok_s": n / secs if secs else None}
 
 
 def command_line(script: str, args) -> str:

@@ -126,8 +126,8 @@ class Speculation:
                 and self.caps.current.allows(width) and not any(r.params.prediction for r in rows))
 
     def shadows(self, width: int, rows: list) -> bool:
-        """Whether it shadows now: it can, and the width is not far from paying (its shadows stopped
-        until its exploration starts them again: control.Controller.far_from_paying)."""
+        """Whether such a batch shadows now: it can, and the width is not far from paying (its shadows
+        stopped until its exploration starts them again: control.Controller.far_from_paying)."""
         return self.can_shadow(width, rows) and not self.control.far_from_paying(width)
 
     def round_starts(self, t: float, width: int, steady: bool) -> None:
