@@ -112,6 +112,11 @@ TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-f32-noearly": (*NOEARLY
 # ~1.06; docs/cpu_kernel.md): the replays' and captures' work falls outside the rounds' durations.
 SHADOW = 1.05
 CAPTURE = 1.05  # a capture round: one verify position per row, with the hidden capture
+# --switch: what a lone request's switch back to drafting costs in wall time (2026-12-06, SmolLM2 float32,
+# chat, every timed period by its place in its run, docs/speculation.md): its first speculative round
+# after plain ones ~1.23x a steady one (the drafter reads the plain steps' entries), the next six ~1.10x
+# (30.8-32.0 ms against a steady 28.6). Off by default (the table's rounds are steady ones).
+SWITCH = (1.23, 1.10, 1.10, 1.10, 1.10, 1.10, 1.10)
 
 FIXED = dict(width_cap=0, prompt_cache_bytes=0)
 ARMS = {"plain": (EngineConfig(speculative=False, **FIXED), Switches(control=False)),
@@ -279,6 +284,8 @@ VARIANTS["span8"] = [(width_control, "SHADOW_SPAN", 8)]  # a plain width's shado
 # a plain width whose shadows stopped explores by a try, whatever K is predicted (before 2026-12-06 later)
 VARIANTS["noagain"] = [(width_control, "SHADOW_AGAIN", False)]
 VARIANTS["span12"] = [(width_control, "SHADOW_SPAN", 12)]
+VARIANTS["stay97"] = [(width_control, "STAY", 0.97)]  # speculation left only when predicted under 0.97x (every width)
+VARIANTS["stay90"] = [(width_control, "STAY", 0.90)]
 VARIANTS["tries6"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control, "LONE_MIN_EVIDENCE", 6)]
 VARIANTS["notriesm3"] = VARIANTS["notries"] + VARIANTS["minev3"]
 
@@ -290,8 +297,10 @@ def bucket(width: int) -> int:
 class SimClock:
     """The engine's and the control's clock, advanced by the rounds the engine runs."""
 
-    def __init__(self, model: str = "smollm2-f32", jitter: float = 0.0):
+    def __init__(self, model: str = "smollm2-f32", jitter: float = 0.0, switch: bool = False):
         self.plain, self.ratio, self.probe = TABLES[model]
+        # --switch: charge SWITCH; the lone request's speculative rounds since its last plain one
+        self.switch, self.since_plain = switch, len(SWITCH)
         self.t = 0.0
         # --jitter: each period times exp(N(0, jitter)), a seeded draw (`seed`): this machine's
         # round-to-round noise (a SmolLM2 float32 step here: 25-36 ms about a 28 ms median), which
@@ -312,6 +321,9 @@ class SimClock:
                 lane.spec._asked if kind is Round.SPECULATIVE else 0
             shadowed = not k and lane.batch.shadow is not None and kind in (Round.PLAIN, Round.PLAIN_LAST)
             ratio = CAPTURE if kind is Round.CAPTURE else self.ratio[b][k] if k else SHADOW if shadowed else 1.0
+            if self.switch and kind in (Round.SCALAR, Round.SCALAR_LAST):
+                self.since_plain = self.since_plain + 1 if k else 0
+                ratio *= SWITCH[self.since_plain - 1] if k and self.since_plain <= len(SWITCH) else 1.0
             noise = float(np.exp(self.rng.normal(0.0, self.jitter))) if self.jitter else 1.0
             self.t += self.plain[b] * ratio * noise / 1000
             self.rounds[b, "capture" if kind is Round.CAPTURE else "shadowed" if shadowed else k] += 1
@@ -336,7 +348,7 @@ def closed_loop(lm, clock: SimClock | None, arm: str, prompts: list, c: int, n: 
         if saved is not None:
             d[key] = saved
     if clock is not None:
-        clock.t, clock.rounds = 0.0, Counter()
+        clock.t, clock.rounds, clock.since_plain = 0.0, Counter(), len(SWITCH)
         clock.rng = np.random.default_rng(seed)  # (round i of every arm draws the same factor)
     try:
         r = run_closed_loop(Engine(lm, cfg, switches=sw), prompts, c, n)
@@ -427,6 +439,8 @@ def main() -> None:
     ap.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA", help="each simulated period times"
                     " exp(N(0, SIGMA)) (this machine's round-to-round noise is ~0.08), --seeds runs per cell")
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--switch", action="store_true", help="charge a lone request's speculative rounds after plain"
+                    " ones what they cost in wall time (SWITCH)")
     ap.add_argument("--carry", action="store_true", help="each arm's figures carry from cell to cell (one process"
                     " running the cells in order), instead of a fresh process's per cell")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench_results")
@@ -438,7 +452,7 @@ def main() -> None:
     if a.shadow_cost:
         print(shadow_cost(lm, [int(w) for w in a.shadow_cost.split(",")]))
         return
-    clock = SimClock(a.model, a.jitter) if not a.wall else None
+    clock = SimClock(a.model, a.jitter, a.switch) if not a.wall else None
     if clock is not None:
         clock.install()
     arms, cells, carry = a.arms.split(","), [], {} if a.carry else None
