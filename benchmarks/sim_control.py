@@ -118,6 +118,17 @@ CAPTURE = 1.05  # a capture round: one verify position per row, with the hidden 
 # (30.8-32.0 ms against a steady 28.6). Off by default (the table's rounds are steady ones).
 SWITCH = (1.23, 1.10, 1.10, 1.10, 1.10, 1.10, 1.10)
 
+def _hopes_with(hope, lone_stale: bool = True):
+    """WidthControl._hopes with its deeper positions credited by `hope(lone)` (True: as always agreeing,
+    the shipped rule for both; False: at their own estimates) and, unless `lone_stale`, a lone request's
+    stale K's not untried again: the gain each untried (or stale) K could have."""
+    def hopes(self, max_k, costs, acc, nearby, lone, drains):
+        return {k: self.gain(k, costs, acc, nearby, lone, hope=hope(lone))[0] * drains[k] for k in range(1, max_k + 1)
+                if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
+                or (lone_stale or not lone) and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER}
+    return hopes
+
+
 FIXED = dict(width_cap=0, prompt_cache_bytes=0)
 ARMS = {"plain": (EngineConfig(speculative=False, **FIXED), Switches(control=False)),
         "default": (EngineConfig(prompt_cache_bytes=0), Switches(control=True)),
@@ -129,10 +140,7 @@ VARIANTS = {"nofirst": [(width_control, "FIRST_K1", False)],  # a width's first 
             "noretry": [(width_control, "RETRY_AFTER", 10 ** 9)],  # a K measured once is never retried
             "notries": [(width_control, "LONE_TRY_WITHIN", float("inf"))],  # a lone request tries no deeper K
             "tries10": [(width_control, "TRY_WITHIN", 1.0)],  # a batch tries a deeper K only if it could beat the best
-            "geohope": [(width_control.WidthControl, "_hopes", lambda self, max_k, costs, acc, nearby, lone, drains: {
-                k: self.gain(k, costs, acc, nearby, lone, hope=lone)[0] * drains[k] for k in range(1, max_k + 1)
-                if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
-                or self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})],
+            "geohope": [(width_control.WidthControl, "_hopes", _hopes_with(lambda lone: lone))],
             "within11": [(width_control, "LONE_TRY_WITHIN", 1.1)],  # ... only one whose hope is 10 % above the best
             "within125": [(width_control, "LONE_TRY_WITHIN", 1.25)],
             "noshadow": [(batch_shadow, "SHADOWS", False)],  # a gated batch measures nothing (before 2026-12-05)
@@ -268,18 +276,12 @@ def _lone_k1(explore: bool):
 VARIANTS["lonek1"], VARIANTS["lonek1x"] = _lone_k1(False), _lone_k1(True)
 VARIANTS["geo10"] = VARIANTS["geohope"] + VARIANTS["tries10"]  # both: a batch's deeper K's on the geometric model
 # every width's untried K's on their own estimates (per-position rates: the pool's where the request has none), no hope
-VARIANTS["nohope"] = [(width_control.WidthControl, "_hopes", lambda self, max_k, costs, acc, nearby, lone, drains: {
-    k: self.gain(k, costs, acc, nearby, lone, hope=False)[0] * drains[k] for k in range(1, max_k + 1)
-    if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
-    or self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})]
+VARIANTS["nohope"] = [(width_control.WidthControl, "_hopes", _hopes_with(lambda lone: False))]
 VARIANTS["ceil1m3"] = VARIANTS["ceil1"] + VARIANTS["minev3"]
 # a lone request tries a deeper K on its hope only while this width has not measured it (once per process),
 # never again when stale (LONE_TRY_WITHIN 1.0 as before early dispatch)
-VARIANTS["untriedonly"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control.WidthControl, "_hopes",
-    lambda self, max_k, costs, acc, nearby, lone, drains: {
-        k: self.gain(k, costs, acc, nearby, lone, hope=True)[0] * drains[k] for k in range(1, max_k + 1)
-        if len(self.spec.by_k.get(k, ())) < width_control.MIN_SAMPLES
-        or not lone and self.spec_rounds - self.last_run.get(k, 0) > width_control.RETRY_AFTER})]
+VARIANTS["untriedonly"] = [(width_control, "LONE_TRY_WITHIN", 1.0),
+                           (width_control.WidthControl, "_hopes", _hopes_with(lambda lone: True, lone_stale=False))]
 VARIANTS["span8"] = [(width_control, "SHADOW_SPAN", 8)]  # a plain width's shadows stop after one replay's records
 # a plain width whose shadows stopped explores by a try, whatever K is predicted (before 2026-12-06 later)
 VARIANTS["noagain"] = [(width_control, "SHADOW_AGAIN", False)]
