@@ -4,6 +4,7 @@ and one burst of requests through an engine."""
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 import time
 from datetime import datetime, timezone
@@ -85,7 +86,7 @@ def command_line(script: str, args) -> str:
     """The command that reproduces a run (every option but --out; a flag only when set)."""
     return f"python benchmarks/{script} " + " ".join(
         f"--{k.replace('_', '-')}" if v is True else
-        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+        f"--{k.replace('_', '-')} {' '.join(map(shlex.quote, map(str, v))) if isinstance(v, list) else shlex.quote(str(v))}"
         for k, v in vars(args).items() if k != "out" and v is not None and v is not False)
 
 

@@ -24,6 +24,11 @@ os.environ.setdefault("GMLX_DEQUANTIZED_DECODE", "0")
 # pin. tests/test_control.py runs it on, off and forced both ways; tests/test_user_path.py runs the
 # commands with none of these set, as users do.
 os.environ.setdefault("GMLX_CONTROL", "0")
+# Load-time measurements are not kept across processes (gmlx/measured.py): a test that measures
+# (tests/test_costs.py) measures, whatever an earlier test or run kept, and the suite writes nothing
+# under the user's cache. tests/test_measured.py keeps and reads them (in a temporary cache);
+# tests/test_user_path.py runs with them kept, as users do.
+os.environ.setdefault("GMLX_KEEP_MEASURED", "0")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,8 +1,8 @@
 """The README's commands as users run them (issue 18): the venv's `gmlx` script in a subprocess,
 with none of the suite's pinning (conftest sets GMLX_ROUND_COSTS=prior, GMLX_DEQUANTIZED_DECODE=0,
-GMLX_CONTROL=0 for the in-process tests; here every GMLX_* variable is dropped, so round costs and
-the quantized decode path are measured at load and the online control decides, as on a user's
-machine) and a fresh HOME, so the first
+GMLX_CONTROL=0, GMLX_KEEP_MEASURED=0 for the in-process tests; here every GMLX_* variable is dropped,
+so round costs and the quantized decode path are measured at load — and kept for the next runs,
+which read them — and the online control decides, as on a user's machine) and a fresh HOME, so the first
 `--model smollm2` converts the GGUF into $XDG_CACHE_HOME/gmlx as on a new machine and
 `sweep-cap --write` writes a config nobody else reads. The commands are read from README.md, so
 a README change changes what runs here; where a README command is too long for CI, the test adds
@@ -69,6 +69,9 @@ def test_smollm2_headline_answers_paris_and_converts_into_the_users_cache(user):
     assert "generation" in stats_rows(r.stderr), r.stderr
     converted = list((user.home / ".cache" / "gmlx" / "gguf").glob("SmolLM2-135M-Instruct*-q-*"))
     assert len(converted) == 1, "the conversion did not land in $XDG_CACHE_HOME/gmlx/gguf"
+    # what it measured at load is kept for the next runs (gmlx/measured.py), which read it
+    kept = {p.name.split("-")[0] for p in (user.home / ".cache" / "gmlx" / "measured").glob("*.json")}
+    assert {"check", "decode_path", "round_costs"} <= kept, kept
 
 
 def test_smollm2_float32_conversion_answers_paris(user):
@@ -260,6 +263,7 @@ VARIANTS = {  # name: (extra argv, extra env), each against the user's default r
     "dequantized-decode=1": ([], {"GMLX_DEQUANTIZED_DECODE": "1"}),
     "dequantized-decode=0": ([], {"GMLX_DEQUANTIZED_DECODE": "0"}),
     "round-costs=prior": ([], {"GMLX_ROUND_COSTS": "prior"}),
+    "keep-measured=0": ([], {"GMLX_KEEP_MEASURED": "0"}),  # measured at load again, not read (gmlx/measured.py)
     "no-speculative": (["--no-speculative"], {}),
     "num-draft-tokens=1": (["--num-draft-tokens", "1"], {}),
     "num-draft-tokens=2": (["--num-draft-tokens", "2"], {}),

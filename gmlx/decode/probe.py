@@ -14,13 +14,16 @@ estimates: reproducible decisions, e.g. in tests).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
-from gmlx import switches
+from gmlx import measured, switches
 from gmlx.models.gated_delta import prior_verify
 from gmlx.config import SamplingParams
 from gmlx.decode.prefill import Prefilled
@@ -46,13 +49,40 @@ def round_costs(target: Target, drafter: Drafter, max_k: int) -> Costs:
     key = (drafter.kind, max_k)
     if key not in per_target:
         try:
-            per_target[key] = measure(target, drafter, max_k)
+            per_target[key] = _kept_or_measured(target, drafter, max_k)
         except Exception as e:  # a drafter the probe cannot drive: its constant, said once
             warnings.warn(f"gmlx: could not measure the {drafter.kind} drafter's round costs ({type(e).__name__}:"
                           f" {e}); using the built-in estimates", RuntimeWarning, stacklevel=2)
             per_target[key] = Costs(prior_verify(PRIOR.verify, target.model), drafter.step_cost,
                                     "prior (probe failed)")
     return per_target[key]
+
+
+def _kept_or_measured(target: Target, drafter: Drafter, max_k: int) -> Costs:
+    """The costs an earlier process measured on this model, drafter, machine and software (gmlx/measured.py),
+    else measured now (and kept)."""
+    source = getattr(owner(target), "source", None)
+    if source is None:
+        return measure(target, drafter, max_k)
+    key = [source, drafter.kind, max_k, _weights(drafter)]
+    if (kept := measured.recall("round_costs", key)) is not None:
+        c, at = kept
+        return Costs(tuple(c["verify"]), c["draft"], f"{c['source']}; kept from {measured.when(at)}",
+                     tuple(tuple(r) for r in c["rows"]))
+    costs = measure(target, drafter, max_k)
+    measured.keep("round_costs", key, dataclasses.asdict(costs))
+    return costs
+
+
+def _weights(drafter: Drafter) -> list:
+    """The shapes and types of the drafter's weights (what its step costs depends on): the modules
+    it holds, directly or one object down (a bound head's module)."""
+    found = []
+    for v in vars(drafter).values():
+        for m in [v] if isinstance(v, nn.Module) else [x for x in vars(v).values() if isinstance(x, nn.Module)] \
+                if hasattr(v, "__dict__") else []:
+            found.append(sorted((k, list(a.shape), str(a.dtype)) for k, a in tree_flatten(m.parameters())))
+    return [type(drafter).__name__, sorted(found)]
 
 
 def reconfirmed(target: Target, drafter: Drafter, max_k: int) -> Costs:

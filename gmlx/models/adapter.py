@@ -53,7 +53,9 @@ def one_forward():
 class Target:
     """A thin view over an mlx-lm model. Graph builder: never syncs."""
 
-    def __init__(self, model: nn.Module, hidden_convention: str = POST_NORM):
+    def __init__(self, model: nn.Module, hidden_convention: str = POST_NORM, source: tuple | None = None):
+        """`source`: the model's files (gmlx.measured.files_of), under which its load-time
+        measurements are kept across processes (None: measured in this process only)."""
         backbone = getattr(model, "model", None)
         if backbone is None or not hasattr(backbone, "embed_tokens") or not hasattr(backbone, "layers"):
             raise ModelLoadError(
@@ -64,6 +66,7 @@ class Target:
             raise ValueError(f"hidden_convention must be one of {HIDDEN_CONVENTIONS}, got {hidden_convention!r}")
         self.model = model
         self.hidden_convention = hidden_convention
+        self.source = source
         self.backbone, self._hidden_backbone, self.final_norm, self.lm_head = _parts(model, hidden_convention)
         self.embed_tokens = self.backbone.embed_tokens
         # A QuantizedEmbedding packs its weight (uint32 words): its `dims` is the hidden size.
@@ -83,7 +86,7 @@ class Target:
         if dequantized.wanted(model):
             self.twin = twin = dequantized.materialized(model)
             self.wide = _parts(twin, hidden_convention)
-            if dequantized.decodes_faster(model, twin):
+            if dequantized.decodes_faster(model, twin, source):
                 self.decode_model, self.decode_on_twin = twin, True
 
     @property

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from gmlx import switches
+from gmlx import measured, switches
 from gmlx.timing import fastest
 
 
@@ -76,16 +76,21 @@ def materialized(model: nn.Module) -> nn.Module:
     return out
 
 
-def decodes_faster(model: nn.Module, twin_model: nn.Module) -> bool:
+def decodes_faster(model: nn.Module, twin_model: nn.Module, source: tuple | None = None) -> bool:
     """Whether the twin's one-token step beats the quantized one here by 10 % (fastest of 5 each,
-    interleaved, after a warm-up), unless GMLX_DEQUANTIZED_DECODE forces the answer."""
+    interleaved, after a warm-up), unless GMLX_DEQUANTIZED_DECODE forces the answer; kept across
+    processes under the model's `source` (gmlx/measured.py)."""
     forced = switches.DEQUANTIZED_DECODE.value()
     if forced is not None:
         return forced
+    if source is not None and (kept := measured.recall("decode_path", source)) is not None:
+        return bool(kept[0])
     x = mx.array([[1]], dtype=mx.int32)
 
     def step(m):
         return lambda: mx.eval(m(x))  # sync: timing whole one-token forwards, once at load time
 
     quantized, twin = fastest([step(model), step(twin_model)])
+    if source is not None:
+        measured.keep("decode_path", source, twin < 0.9 * quantized)
     return twin < 0.9 * quantized

@@ -28,6 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from gmlx import measured
 from gmlx.errors import ModelLoadError
 from gmlx.gguf import smollm2
 from gmlx.models import cpu_fused, family
@@ -192,8 +193,13 @@ def load(path: str | Path | None = None, *, drafter: bool = True, prepare=None) 
     convention = POST_NORM  # every head below wants the post-norm hidden (BoundHead subclasses say so)
     if native is not None:
         convention = BoundNativeHead.hidden_convention
-    target = Target(model, hidden_convention=convention)
-    target.check()
+    # Load-time measurements kept across processes under the model's files (not a rank's shard of them)
+    source = measured.files_of(p) if prepare is None else None
+    target = Target(model, hidden_convention=convention, source=source)
+    if source is None or measured.recall("check", [source, convention]) is None:  # (kept only when it passed)
+        target.check()
+        if source is not None:
+            measured.keep("check", [source, convention], True)
     head: BoundHead | None = None
     if gmlx_head is not None:
         head = gmlx_head.bind(target)  # a draft-vocabulary head binds its own LM-head rows

@@ -1,0 +1,95 @@
+"""Load-time measurements kept across processes.
+
+Why: gmlx measures a few things when it loads a model — whether a quantized target's one-token
+steps run faster on its float32 twin (gmlx/models/dequantized.py), that the twin agrees with the
+model (gmlx/models/adapter.py `Target.check`), and what a speculative round costs here (the load
+probe, gmlx/decode/probe.py). Each process measured them again: `gmlx generate --model smollm2`
+(4-bit) spent ~2.7 s of its ~6.8 s start on them plain and ~4.3 s of ~8.5 s speculating, more
+than speculation saves on a 200-token answer on this CPU (2026-12-06). The answers depend on the
+model's files, the machine, the software and the switches that change a forward, so they are kept
+under $GMLX_CACHE/measured/, keyed by all of those, for MAX_AGE, and read instead of measured on
+the same key. A check is kept only when it passed. The online control still measures every round
+it runs (its pairs replace the probe's ratio within a few switches), and a lone request gives
+speculation up on the probe's figures only after a fresh second measurement agrees
+(probe.reconfirmed). GMLX_KEEP_MEASURED=0: measured in every process, nothing read or written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+from gmlx import switches
+
+MAX_AGE = 7 * 24 * 3600.0  # seconds: a machine's load and speed drift; its software is in the key
+# The switches that change what a forward computes or how fast: part of every key.
+_KEYED = (switches.COMPILE, switches.EARLY_DISPATCH, switches.OPENBLAS, switches.SMALL_GEMM,
+          switches.DEQUANTIZED_VERIFY, switches.EAGLE3_LAYERS)
+_warned: set[str] = set()
+
+
+def files_of(path: Path) -> tuple:
+    """A model directory's identity: its resolved path and each config and weights file's name,
+    size and modification time (a file rewritten in place is a new model)."""
+    path = Path(path).resolve()
+    files = sorted(f for f in path.iterdir() if f.suffix in (".json", ".safetensors") and f.is_file())
+    return (str(path), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+
+
+def context() -> dict:
+    """The machine, the software and the switches a measurement depends on."""
+    import mlx.core as mx
+
+    from gmlx.machine import cpu_name, version
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "device": str(mx.default_device()),
+            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "gmlx": version("gmlx"),
+            "switches": {s.name: s.raw() for s in _KEYED}}
+
+
+def _file(kind: str, key) -> tuple[Path, str]:
+    text = json.dumps({"kind": kind, "key": key, "context": context()}, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    return switches.cache_root() / "measured" / f"{kind}-{digest}.json", text
+
+
+def recall(kind: str, key) -> tuple[object, float] | None:
+    """(the value kept for this kind and key on this machine and software, when it was measured),
+    or None: none kept, older than MAX_AGE, unreadable, or GMLX_KEEP_MEASURED off."""
+    if not switches.KEEP_MEASURED.value():
+        return None
+    path, text = _file(kind, key)
+    try:
+        kept = json.loads(path.read_text())
+        if kept["of"] != text or not time.time() - kept["when"] < MAX_AGE:
+            return None
+        return kept["value"], kept["when"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none kept, or a file cut short: measured again (and written anew)
+
+
+def keep(kind: str, key, value) -> None:
+    """Keep `value` (JSON) for this kind and key; a cache that cannot be written costs only the
+    measurement next time (said once per process)."""
+    if not switches.KEEP_MEASURED.value():
+        return
+    path, text = _file(kind, key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"of": text, "when": time.time(), "value": value}))
+        tmp.replace(path)  # whole or not at all: a concurrent reader never sees half a file
+    except OSError as e:
+        if kind not in _warned:
+            _warned.add(kind)
+            warnings.warn(f"gmlx: could not keep the {kind} measurement under {path.parent} ({e}); it is measured"
+                          " again in every process (GMLX_CACHE picks another directory)", RuntimeWarning, stacklevel=2)
+
+
+def when(seconds: float) -> str:
+    """A kept measurement's time, as a source note says it."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
