@@ -40,8 +40,9 @@ def run(model: str, prompt: str, max_tokens: int, extra: list[str], keep: str) -
     seconds = time.perf_counter() - t0
     if out.returncode:
         raise SystemExit(f"{' '.join(argv)} failed: {out.stderr[-2000:]}")
-    rate = re.search(r"^generation:\s+(\d+) tokens, ([\d.]+) tokens/s", out.stderr, re.M)
-    return {"seconds": seconds, "tokens": int(rate.group(1)), "tok_s": float(rate.group(2)), "text": out.stdout}
+    rate = re.search(r"^generation:\s+(\d+) tokens?, ([\d.]+|-) tokens/s", out.stderr, re.M)  # (-: one token)
+    return {"seconds": seconds, "tokens": int(rate.group(1)),
+            "tok_s": float(rate.group(2)) if rate.group(2) != "-" else float("nan"), "text": out.stdout}
 
 
 def main() -> None:
@@ -67,7 +68,8 @@ def main() -> None:
     lines = [f"`{cmd}`", "", "`gmlx generate` start to exit, a fresh process per run; medians of the repeats; the"
              " decode rate is the one `gmlx generate` reports.", "",
              "| arm | seconds, start to exit | per repeat | decode tokens/s |", "|---|---|---|---|"]
-    lines += [f"| {arm} | {r['seconds']:.2f} | {' / '.join(map(str, r['per_repeat_s']))} | {r['tok_s']:.1f} |"
+    lines += [f"| {arm} | {r['seconds']:.2f} | {' / '.join(map(str, r['per_repeat_s']))} |"
+              f" {r['tok_s']:.1f} |".replace("nan", "-")
               for arm, r in rows.items()]
     lines += ["", f"Same text in every run: {len(texts) == 1}."]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")

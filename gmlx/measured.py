@@ -8,7 +8,9 @@ probe, gmlx/decode/probe.py). Each process measured them again: `gmlx generate -
 than speculation saves on a 200-token answer on this CPU (2026-12-06). The answers depend on the
 model's files, the machine, the software and the switches that change a forward, so they are kept
 under $GMLX_CACHE/measured/, keyed by all of those, for MAX_AGE, and read instead of measured on
-the same key. A check is kept only when it passed. The online control still measures every round
+the same key. A check is kept only when it passed. So is a small quantized target's float32 twin
+itself (gmlx/models/dequantized.py, KEEP_MAX_BYTES: dequantizing SmolLM2 4-bit took ~1.7 s of each
+start, reading it back ~0.15 s); what is older than MAX_AGE is removed when something is kept. The online control still measures every round
 it runs (its pairs replace the probe's ratio within a few switches), and a lone request gives
 speculation up on the probe's figures only after a fresh second measurement agrees
 (probe.reconfirmed). GMLX_KEEP_MEASURED=0: measured in every process, nothing read or written.
@@ -83,11 +85,41 @@ def keep(kind: str, key, value) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"of": text, "when": time.time(), "value": value}))
         tmp.replace(path)  # whole or not at all: a concurrent reader never sees half a file
+        prune()
     except OSError as e:
-        if kind not in _warned:
-            _warned.add(kind)
-            warnings.warn(f"gmlx: could not keep the {kind} measurement under {path.parent} ({e}); it is measured"
-                          " again in every process (GMLX_CACHE picks another directory)", RuntimeWarning, stacklevel=2)
+        cannot_keep(kind, path.parent, e)
+
+
+def cannot_keep(kind: str, where: Path, e: Exception) -> None:
+    """Say once per process and kind that it could not be kept (it is then measured in every process)."""
+    if kind not in _warned:
+        _warned.add(kind)
+        warnings.warn(f"gmlx: could not keep the {kind} measurement under {where} ({e}); it is measured again in"
+                      " every process (GMLX_CACHE picks another directory)", RuntimeWarning, stacklevel=3)
+
+
+def artifact(kind: str, key) -> Path | None:
+    """Where a file derived at load for this kind and key is kept (a quantized target's float32 twin:
+    gmlx/models/dequantized.py), or None: GMLX_KEEP_MEASURED off. Read it only while `fresh`."""
+    return _file(kind, key)[0].with_suffix(".safetensors") if switches.KEEP_MEASURED.value() else None
+
+
+def fresh(path: Path) -> bool:
+    """A kept file younger than MAX_AGE (older ones are written anew, and removed by `prune`)."""
+    try:
+        return time.time() - path.stat().st_mtime < MAX_AGE
+    except OSError:
+        return False
+
+
+def prune() -> None:
+    """Remove what was kept longer ago than MAX_AGE (a model's old files, a twin no load reads)."""
+    try:
+        for f in (switches.cache_root() / "measured").iterdir():
+            if not fresh(f):
+                f.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def when(seconds: float) -> str:

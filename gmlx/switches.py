@@ -110,8 +110,8 @@ EARLY_DISPATCH = Switch("GMLX_EARLY_DISPATCH", f"{_ON_OFF} (unset: on the CPU ba
 OPENBLAS = _on_off("GMLX_OPENBLAS", True, "load OpenBLAS for MLX's CPU matmuls at `import gmlx` (Linux)")
 SMALL_GEMM = _on_off("GMLX_SMALL_GEMM", True, "gmlx's small-M sgemm takes MLX's CPU matmuls of <= 8 rows (Linux)")
 CACHE = Switch("GMLX_CACHE", "a directory", None, "where GGUF conversions go (default ~/.cache/gmlx)", _text)
-KEEP_MEASURED = _on_off("GMLX_KEEP_MEASURED", True, "load-time measurements (round costs, the twin's decode path and"
-                        " check) kept in the cache across processes (gmlx/measured.py)")
+KEEP_MEASURED = _on_off("GMLX_KEEP_MEASURED", True, "load-time work (round costs, a quantized target's twin, its decode"
+                        " path and check) kept in the cache across processes (gmlx/measured.py)")
 CONFIG = Switch("GMLX_CONFIG", "a file path", None, "the user config (default ~/.config/gmlx/config.toml)", _text)
 API_KEY = Switch("GMLX_API_KEY", "a key", None, "serve's and bench --url's --api-key (typer reads it)", _text)
 DIST_TIMEOUT = Switch("GMLX_DIST_TIMEOUT", "seconds > 0 (unset: 300)", 300.0, "a rank's longest wait on the others",

@@ -103,18 +103,46 @@ def test_load_reads_the_decode_path_and_the_check_that_passed(q4_dir, kept, monk
     monkeypatch.delenv("GMLX_DEQUANTIZED_DECODE", raising=False)
     first = load(q4_dir)
     names = sorted(p.name.split("-")[0] for p in kept.iterdir())
-    assert names == ["check", "decode_path"] and first.target.twin is not None
+    assert names == ["check", "decode_path", "twin"] and first.target.twin is not None
 
     def untouchable(*a, **kw):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(adapter.Target, "check", untouchable)
     monkeypatch.setattr(dequantized, "fastest", untouchable)
-    again = load(q4_dir)  # a later process: both read
+    monkeypatch.setattr(dequantized, "_write", untouchable)  # the twin read, not computed (and written)
+    again = load(q4_dir)  # a later process: all three read
     assert again.target.decode_on_twin == first.target.decode_on_twin
+    _same_twin(again.target)
     os.utime(q4_dir / "model.safetensors")  # the weights rewritten: another model
     with pytest.raises(AssertionError, match="measured again"):
         load(q4_dir)
+
+
+def _same_twin(target) -> None:
+    """Every dequantized weight of the twin equals the quantized layer's dequantization, bit for bit."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    twins = dict(target.twin.named_modules())
+    n = 0
+    for name, m in target.model.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits)
+            assert mx.array_equal(twins[name].weight, w).item(), name  # sync: test check
+            n += 1
+    assert n > 0
+
+
+def test_a_twin_cut_short_is_computed_again(q4_dir, kept, monkeypatch):
+    monkeypatch.setenv("GMLX_DEQUANTIZED_DECODE", "0")
+    load(q4_dir)
+    (twin,) = kept.glob("twin-*")
+    twin.write_bytes(twin.read_bytes()[:1000])
+    _same_twin(load(q4_dir).target)  # computed, and written whole again
+    assert twin.stat().st_size > 10 ** 6
+    monkeypatch.setenv("GMLX_KEEP_MEASURED", "0")
+    _same_twin(load(q4_dir).target)
 
 
 def test_a_check_that_fails_is_not_kept(q4_dir, kept, monkeypatch):

@@ -84,7 +84,7 @@ class Target:
         # One-token steps too when the twin is the faster there (measured at load).
         self.twin, self.wide, self.decode_model, self.decode_on_twin = None, None, model, False
         if dequantized.wanted(model):
-            self.twin = twin = dequantized.materialized(model)
+            self.twin = twin = dequantized.materialized(model, source)
             self.wide = _parts(twin, hidden_convention)
             if dequantized.decodes_faster(model, twin, source):
                 self.decode_model, self.decode_on_twin = twin, True

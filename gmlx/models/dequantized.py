@@ -12,12 +12,14 @@ are bound by memory bandwidth, which favours the quantized weights; a small one'
 embedded model at 4 bits: ~38 quantized vs ~67 tokens/s through the twin on a 2-core Xeon).
 `GMLX_DEQUANTIZED_DECODE=1/0` forces the choice. The two paths round differently (other
 kernels), as a verify and a decode step always do: streams stay equal to plain decoding up to
-near-ties (docs/design.md §3). Costs 4 bytes per weight in memory.
+near-ties (docs/design.md §3). Costs 4 bytes per weight in memory (and, for a twin up to
+KEEP_MAX_BYTES, on disk: kept across processes, `materialized`).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,11 +71,53 @@ def _twin_value(v):
     return v
 
 
-def materialized(model: nn.Module) -> nn.Module:
-    """The twin with its dequantized weights computed now (at load time, not in a first verify)."""
+# A twin up to this size is kept on disk across processes (GMLX_KEEP_MEASURED, gmlx/measured.py): read
+# back, it is the same float32 values. SmolLM2-135M at 4 bits: 538 MB, read in ~0.15 s where
+# dequantizing took ~1.7 s of each `gmlx generate`'s start here (2026-12-06); a larger twin is
+# computed at every load rather than written out.
+KEEP_MAX_BYTES = 1 << 30
+
+
+def materialized(model: nn.Module, source: tuple | None = None) -> nn.Module:
+    """The twin with its dequantized weights computed now (at load time, not in a first verify), or
+    read where an earlier process kept them for the model's `source` (its files)."""
     out = twin(model)
+    own = dict(out.named_modules())
+    made = {f"{name}.weight": own[name] for name, m in model.named_modules()
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}  # (the arrays twin() dequantized)
+    size = sum(4 * m.weight.size for m in made.values())
+    path = measured.artifact("twin", source) if source is not None and size <= KEEP_MAX_BYTES else None
+    kept = _read(path, {k: m.weight for k, m in made.items()}) if path is not None else None
+    for k, w in (kept or {}).items():
+        made[k].weight = w
     mx.eval([v for _, v in tree_flatten(out.parameters())])  # sync: once, at load time
+    if path is not None and kept is None:
+        _write(path, {k: m.weight for k, m in made.items()})
     return out
+
+
+def _read(path, want: dict[str, mx.array]) -> dict[str, mx.array] | None:
+    """The kept twin's weights, if fresh and whole (every array of the expected shape and type)."""
+    if not measured.fresh(path):
+        return None
+    try:
+        got = mx.load(str(path))
+    except (OSError, RuntimeError, ValueError):
+        return None  # cut short: computed again and written anew
+    ok = got.keys() == want.keys() and all(got[k].shape == want[k].shape and got[k].dtype == want[k].dtype for k in want)
+    return got if ok else None
+
+
+def _write(path, weights: dict[str, mx.array]) -> None:
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.safetensors")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mx.save_safetensors(str(tmp), weights)
+        tmp.replace(path)  # whole or not at all
+        measured.prune()
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        measured.cannot_keep("twin", path.parent, e)
 
 
 def decodes_faster(model: nn.Module, twin_model: nn.Module, source: tuple | None = None) -> bool:
