@@ -18,6 +18,7 @@ speculation up on the probe's figures only after a fresh second measurement agre
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,14 +44,26 @@ def files_of(path: Path) -> tuple:
 
 
 def context() -> dict:
-    """The machine, the software and the switches a measurement depends on."""
-    import mlx.core as mx
+    """The machine, the software and the switches (read now) a measurement depends on."""
+    return {**_machine_and_software(), "switches": {s.name: s.raw() for s in _KEYED}}
 
-    from gmlx.machine import cpu_name, version
 
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "device": str(mx.default_device()),
-            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "gmlx": version("gmlx"),
-            "switches": {s.name: s.raw() for s in _KEYED}}
+@functools.cache  # (once a process: a start asks for it a few times)
+def _machine_and_software() -> dict:
+    from gmlx import blas
+    from gmlx.machine import accelerator, cpu_name, version
+
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "device": accelerator(), "blas": blas.active_blas(),
+            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "gmlx": version("gmlx"), "code": _code()}
+
+
+def _code() -> str:
+    """gmlx's own source files, by name, size and modification time: an editable install keeps its
+    version number through every change to them (a new kernel changes what a round costs)."""
+    root = Path(__file__).resolve().parent
+    files = sorted(root.rglob("*.py")) + sorted(root.rglob("*.c"))
+    return hashlib.sha256(repr([(str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
+                                for f in files]).encode()).hexdigest()[:16]
 
 
 def _file(kind: str, key) -> tuple[Path, str]:

@@ -33,6 +33,10 @@ def test_kept_and_read_on_the_same_key_only(kept, monkeypatch):
     monkeypatch.setenv("GMLX_COMPILE", "0")  # a switch that changes a forward: another key
     assert measured.recall("x", ["model", 3]) is None
     monkeypatch.delenv("GMLX_COMPILE")
+    with monkeypatch.context() as m:  # another machine, another MLX, or gmlx's code changed: another key
+        m.setattr(measured, "_machine_and_software", lambda real=measured._machine_and_software: {**real(), "code": "x"})
+        assert measured.recall("x", ["model", 3]) is None
+    assert measured.recall("x", ["model", 3])[0] == {"v": 1}
     monkeypatch.setenv("GMLX_KEEP_MEASURED", "0")  # off: nothing read, nothing written
     assert measured.recall("x", ["model", 3]) is None
     measured.keep("z", ["model"], 1)
