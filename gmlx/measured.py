@@ -66,8 +66,9 @@ def _code() -> str:
                                 for f in files]).encode()).hexdigest()[:16]
 
 
-def _file(kind: str, key) -> tuple[Path, str]:
-    text = json.dumps({"kind": kind, "key": key, "context": context()}, sort_keys=True, default=str)
+def _file(kind: str, key, ctx: dict | None = None) -> tuple[Path, str]:
+    text = json.dumps({"kind": kind, "key": key, "context": context() if ctx is None else ctx}, sort_keys=True,
+                      default=str)
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
     return switches.cache_root() / "measured" / f"{kind}-{digest}.json", text
 
@@ -113,8 +114,13 @@ def cannot_keep(kind: str, where: Path, e: Exception) -> None:
 
 def artifact(kind: str, key) -> Path | None:
     """Where a file derived at load for this kind and key is kept (a quantized target's float32 twin:
-    gmlx/models/dequantized.py), or None: GMLX_KEEP_MEASURED off. Read it only while `fresh`."""
-    return _file(kind, key)[0].with_suffix(".safetensors") if switches.KEEP_MEASURED.value() else None
+    gmlx/models/dequantized.py), or None: GMLX_KEEP_MEASURED off. Read it only while `fresh`. Its
+    values depend on the model's files and MLX's kernels alone: keyed by those and the device, so a
+    change to gmlx's code or a switch does not write another copy (the reader checks every shape)."""
+    if not switches.KEEP_MEASURED.value():
+        return None
+    ctx = {k: v for k, v in _machine_and_software().items() if k in ("device", "mlx")}
+    return _file(kind, key, ctx)[0].with_suffix(".safetensors")
 
 
 def fresh(path: Path) -> bool:

@@ -149,6 +149,20 @@ def test_a_twin_cut_short_is_computed_again(q4_dir, kept, monkeypatch):
     _same_twin(load(q4_dir).target)
 
 
+def test_one_twin_a_model_whatever_gmlx_code_or_switches(q4_dir, kept, monkeypatch):
+    """The twin's values depend on the model's files and MLX's kernels alone: a change to gmlx's code
+    measures the rest again but reads the one twin kept (a developer's edits write no new copies)."""
+    monkeypatch.setenv("GMLX_DEQUANTIZED_DECODE", "0")
+    load(q4_dir)
+    monkeypatch.setattr(measured, "_machine_and_software", lambda real=measured._machine_and_software: {**real(),
+                                                                                                      "code": "edited"})
+    checks = []
+    monkeypatch.setattr(adapter.Target, "check", lambda self: checks.append(self))
+    monkeypatch.setattr(dequantized, "_write", lambda *a: pytest.fail("the twin written again"))
+    load(q4_dir)
+    assert len(checks) == 1 and len(list(kept.glob("twin-*"))) == 1
+
+
 def test_a_check_that_fails_is_not_kept(q4_dir, kept, monkeypatch):
     monkeypatch.setenv("GMLX_DEQUANTIZED_DECODE", "0")
 
