@@ -8,12 +8,13 @@ probe, gmlx/decode/probe.py). Each process measured them again: `gmlx generate -
 than speculation saves on a 200-token answer on this CPU (2026-12-06). The answers depend on the
 model's files, the machine, the software and the switches that change a forward, so they are kept
 under $GMLX_CACHE/measured/, keyed by all of those, for MAX_AGE, and read instead of measured on
-the same key. A check is kept only when it passed. So is a small quantized target's float32 twin
-itself (gmlx/models/dequantized.py, KEEP_MAX_BYTES: dequantizing SmolLM2 4-bit took ~1.7 s of each
-start, reading it back ~0.15 s); what is older than MAX_AGE is removed when something is kept. The online control still measures every round
-it runs (its pairs replace the probe's ratio within a few switches), and a lone request gives
-speculation up on the probe's figures only after a fresh second measurement agrees
-(probe.reconfirmed). GMLX_KEEP_MEASURED=0: measured in every process, nothing read or written.
+the same key. A check is kept only when it passed. A small quantized target's float32 twin is kept
+too (gmlx/models/dequantized.py, KEEP_MAX_BYTES: dequantizing SmolLM2 4-bit took ~1.7 s of each
+start, reading it back ~0.15 s); what is older than MAX_AGE is removed when something is kept. The
+online control still measures every round it runs (its pairs replace the probe's ratio within a few
+switches), and a lone request gives speculation up on the probe's figures only after a fresh second
+measurement agrees (probe.reconfirmed). GMLX_KEEP_MEASURED=0: redone in every process, nothing read
+or written; `gmlx doctor` says what is kept.
 """
 
 from __future__ import annotations
@@ -139,6 +140,17 @@ def prune() -> None:
                 f.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def summary() -> str:
+    """What is kept, for `gmlx doctor`."""
+    if not switches.KEEP_MEASURED.value():
+        return "nothing (GMLX_KEEP_MEASURED=0): redone in every process"
+    where = switches.cache_root() / "measured"
+    files = [f for f in where.iterdir() if f.is_file()] if where.is_dir() else []
+    size = sum(f.stat().st_size for f in files)
+    return (f"{len(files)} file{'' if len(files) == 1 else 's'}, {size / 1e6:.0f} MB under {where} (round costs,"
+            f" twins, checks; kept {MAX_AGE / 86400:.0f} days)")
 
 
 def when(seconds: float) -> str:

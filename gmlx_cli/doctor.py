@@ -59,6 +59,7 @@ def doctor(ctx: typer.Context, model: ModelOpt = None, draft_model: DraftModelOp
     """Report platform, versions, the BLAS in use and the model's speculative defaults."""
     from gmlx.engine import Engine  # mlx-lm (seconds): imported here, not for --help
     from gmlx.gguf.convert import describe_origin
+    from gmlx import measured
     from gmlx.models.loading import default_model_path
 
     active = blas.active_blas()
@@ -72,6 +73,7 @@ def doctor(ctx: typer.Context, model: ModelOpt = None, draft_model: DraftModelOp
             ("mlx-lm", ui.version_of("mlx-lm")),
             ("BLAS", active + hint),
             ("default model", str(default_model_path())),
+            ("kept at load", measured.summary()),
         ],
         title="environment",
     )

@@ -176,3 +176,11 @@ def test_a_check_that_fails_is_not_kept(q4_dir, kept, monkeypatch):
     monkeypatch.setenv("GMLX_KEEP_MEASURED", "0")  # off: checked in every process
     with pytest.raises(ModelLoadError):
         load(q4_dir)
+
+
+def test_doctor_says_what_is_kept(kept, monkeypatch):
+    assert measured.summary().startswith("0 files, 0 MB under ")
+    measured.keep("x", ["m"], 1)
+    assert measured.summary().startswith(f"1 file, 0 MB under {kept}")
+    monkeypatch.setenv("GMLX_KEEP_MEASURED", "0")
+    assert measured.summary().startswith("nothing (GMLX_KEEP_MEASURED=0)")
