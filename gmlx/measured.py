@@ -10,7 +10,7 @@ model's files, the machine, the software and the switches that change a forward,
 under $GMLX_CACHE/measured/, keyed by all of those, for MAX_AGE, and read instead of measured on
 the same key. A check is kept only when it passed. A small quantized target's float32 twin is kept
 too (gmlx/models/dequantized.py, KEEP_MAX_BYTES: dequantizing SmolLM2 4-bit took ~1.7 s of each
-start, reading it back ~0.15 s); what is older than MAX_AGE is removed when something is kept. The
+start, reading it back and checking rows of it ~0.3 s); what is older than MAX_AGE is removed when something is kept. The
 online control still measures every round it runs (its pairs replace the probe's ratio within a few
 switches), and a lone request gives speculation up on the probe's figures only after a fresh second
 measurement agrees (probe.reconfirmed). GMLX_KEEP_MEASURED=0: redone in every process, nothing read

@@ -38,8 +38,10 @@ def wanted(model: nn.Module) -> bool:
     return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
 
 
-def _dequantized(m: nn.Module) -> mx.array:
-    return mx.dequantize(m.weight, m.scales, m.get("biases"), m.group_size, m.bits, mode=m.mode, dtype=mx.float32)
+def _dequantized(m: nn.Module, rows: slice = slice(None)) -> mx.array:
+    biases = m.get("biases")
+    return mx.dequantize(m.weight[rows], m.scales[rows], None if biases is None else biases[rows], m.group_size,
+                         m.bits, mode=m.mode, dtype=mx.float32)
 
 
 def twin(module: nn.Module) -> nn.Module:
@@ -72,7 +74,8 @@ def _twin_value(v):
 
 
 # A twin up to this size is kept on disk across processes (GMLX_KEEP_MEASURED, gmlx/measured.py): read
-# back, it is the same float32 values. SmolLM2-135M at 4 bits: 538 MB, read in ~0.15 s where
+# back, it is the same float32 values (`_read` checks rows of it). SmolLM2-135M at 4 bits: 538 MB, read and
+# checked in ~0.3 s where
 # dequantizing took ~1.7 s of each `gmlx generate`'s start here (2026-12-06); a larger twin is
 # computed at every load rather than written out.
 KEEP_MAX_BYTES = 1 << 30
@@ -83,11 +86,12 @@ def materialized(model: nn.Module, source: tuple | None = None) -> nn.Module:
     read where an earlier process kept them for the model's `source` (its files)."""
     out = twin(model)
     own = dict(out.named_modules())
-    made = {f"{name}.weight": own[name] for name, m in model.named_modules()
-            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}  # (the arrays twin() dequantized)
+    quantized = {f"{name}.weight": m for name, m in model.named_modules()
+                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    made = {k: own[k[:-len(".weight")]] for k in quantized}  # (the modules whose weight twin() dequantized)
     size = sum(4 * m.weight.size for m in made.values())
     path = measured.artifact("twin", source) if source is not None and size <= KEEP_MAX_BYTES else None
-    kept = _read(path, {k: m.weight for k, m in made.items()}) if path is not None else None
+    kept = _read(path, {k: m.weight for k, m in made.items()}, quantized) if path is not None else None
     for k, w in (kept or {}).items():
         made[k].weight = w
     mx.eval([v for _, v in tree_flatten(out.parameters())])  # sync: once, at load time
@@ -96,16 +100,22 @@ def materialized(model: nn.Module, source: tuple | None = None) -> nn.Module:
     return out
 
 
-def _read(path, want: dict[str, mx.array]) -> dict[str, mx.array] | None:
-    """The kept twin's weights, if fresh and whole (every array of the expected shape and type)."""
+def _read(path, want: dict[str, mx.array], quantized: dict[str, nn.Module]) -> dict[str, mx.array] | None:
+    """The kept twin's weights, if fresh and whole: every array of the expected shape and type, and
+    its first and last rows equal, bit for bit, to those rows dequantized now (a file of another
+    model, or one damaged where it was written, is not taken)."""
     if not measured.fresh(path):
         return None
     try:
         got = mx.load(str(path))
     except (OSError, RuntimeError, ValueError):
         return None  # cut short: computed again and written anew
-    ok = got.keys() == want.keys() and all(got[k].shape == want[k].shape and got[k].dtype == want[k].dtype for k in want)
-    return got if ok else None
+    if got.keys() != want.keys() or any(got[k].shape != want[k].shape or got[k].dtype != want[k].dtype for k in want):
+        return None
+    rows = [(got[k][i:i + 1 or None], _dequantized(m, slice(i, i + 1 or None))) for k, m in quantized.items()
+            for i in (0, -1)]
+    same = mx.stack([mx.array_equal(a, b) for a, b in rows]).all().item()  # sync: once, at load time
+    return got if same else None
 
 
 def _write(path, weights: dict[str, mx.array]) -> None:
