@@ -74,10 +74,9 @@ def _twin_value(v):
 
 
 # A twin up to this size is kept on disk across processes (GMLX_KEEP_MEASURED, gmlx/measured.py): read
-# back, it is the same float32 values (`_read` checks rows of it). SmolLM2-135M at 4 bits: 538 MB, read and
-# checked in ~0.3 s where
-# dequantizing took ~1.7 s of each `gmlx generate`'s start here (2026-12-06); a larger twin is
-# computed at every load rather than written out.
+# back, it is the same float32 values (`_read` checks rows of it). SmolLM2-135M at 4 bits: 538 MB,
+# read and checked in ~0.3 s where dequantizing took ~1.7 s of each `gmlx generate`'s start here
+# (2026-12-06); a larger twin is computed at every load rather than written out.
 KEEP_MAX_BYTES = 1 << 30
 
 
