@@ -91,7 +91,7 @@ def recall(kind: str, key) -> tuple[object, float] | None:
 
 def keep(kind: str, key, value) -> None:
     """Keep `value` (JSON) for this kind and key; a cache that cannot be written costs only the
-    measurement next time (said once per process)."""
+    measurement next time (said once per process, `cannot_keep`)."""
     if not switches.KEEP_MEASURED.value():
         return
     path, text = _file(kind, key)
@@ -106,8 +106,9 @@ def keep(kind: str, key, value) -> None:
 
 
 def cannot_keep(kind: str, where: Path, e: Exception) -> None:
-    """Say once per process and kind that it could not be kept (it is then measured in every process)."""
-    if kind not in _warned:
+    """Say once per process that something could not be kept (it is then redone in every process):
+    a read-only cache would otherwise warn for each kind."""
+    if not _warned:
         _warned.add(kind)
         warnings.warn(f"gmlx: could not keep the {kind} measurement under {where} ({e}); it is measured again in"
                       " every process (GMLX_CACHE picks another directory)", RuntimeWarning, stacklevel=3)

@@ -66,7 +66,8 @@ def test_a_cache_that_cannot_be_written_says_so_once(tmp_path, monkeypatch):
         measured.keep("w", ["m"], 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        measured.keep("w", ["m"], 1)  # said once
+        measured.keep("w", ["m"], 1)  # said once a process, whatever the kind
+        measured.keep("v", ["m"], 1)
     assert measured.recall("w", ["m"]) is None
 
 
