@@ -15,8 +15,8 @@ Writes bench_results/<utc>_startup.json and .md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -34,15 +34,15 @@ ARMS = {"speculative, kept": ([], "1"), "speculative, measured": ([], "0"),
 
 def run(model: str, prompt: str, max_tokens: int, extra: list[str], keep: str) -> dict:
     env = {**os.environ, "GMLX_KEEP_MEASURED": keep}
-    argv = [str(GMLX), "generate", *(["--model", model] if model else []), prompt, "--max-tokens", str(max_tokens), *extra]
+    argv = [str(GMLX), "generate", *(["--model", model] if model else []), prompt, "--max-tokens", str(max_tokens),
+            "--json", *extra]
     t0 = time.perf_counter()
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     seconds = time.perf_counter() - t0
     if out.returncode:
         raise SystemExit(f"{' '.join(argv)} failed: {out.stderr[-2000:]}")
-    rate = re.search(r"^generation:\s+(\d+) tokens?, ([\d.]+|-) tokens/s", out.stderr, re.M)  # (-: one token)
-    return {"seconds": seconds, "tokens": int(rate.group(1)),
-            "tok_s": float(rate.group(2)) if rate.group(2) != "-" else float("nan"), "text": out.stdout}
+    got = json.loads(out.stdout)  # (tokens_per_s: None for one token, which has no decode interval)
+    return {"seconds": seconds, "tokens": got["num_generated"], "tok_s": got["tokens_per_s"], "text": got["text"]}
 
 
 def main() -> None:
@@ -59,17 +59,19 @@ def main() -> None:
     for rep in range(a.repeats):
         for arm in (list(ARMS) if rep % 2 == 0 else list(reversed(ARMS))):
             runs[arm].append(run(a.model, a.prompt, a.max_tokens, *ARMS[arm]))
-            print(f"rep {rep} {arm:22s} {runs[arm][-1]['seconds']:6.2f} s  {runs[arm][-1]['tok_s']:5.1f} tok/s", flush=True)
+            last = runs[arm][-1]
+            print(f"rep {rep} {arm:22s} {last['seconds']:6.2f} s  decode {last['tok_s'] or '-'} tok/s", flush=True)
     texts = {r["text"] for rs in runs.values() for r in rs}
-    rows = {arm: {"seconds": statistics.median(r["seconds"] for r in rs), "tok_s": statistics.median(r["tok_s"] for r in rs),
+    rows = {arm: {"seconds": statistics.median(r["seconds"] for r in rs),
+                  "tok_s": statistics.median(r["tok_s"] for r in rs) if rs[0]["tok_s"] is not None else None,
                   "per_repeat_s": [round(r["seconds"], 2) for r in rs]} for arm, rs in runs.items()}
     cmd = command_line("bench_startup.py", a)
     path = write_result(a.out, "startup", {"command": cmd, "machine": describe(), "arms": rows, "same_text": len(texts) == 1})
     lines = [f"`{cmd}`", "", "`gmlx generate` start to exit, a fresh process per run; medians of the repeats; the"
              " decode rate is the one `gmlx generate` reports.", "",
              "| arm | seconds, start to exit | per repeat | decode tokens/s |", "|---|---|---|---|"]
-    lines += [f"| {arm} | {r['seconds']:.2f} | {' / '.join(map(str, r['per_repeat_s']))} |"
-              f" {r['tok_s']:.1f} |".replace("nan", "-")
+    rate = {arm: "-" if r["tok_s"] is None else f"{r['tok_s']:.1f}" for arm, r in rows.items()}
+    lines += [f"| {arm} | {r['seconds']:.2f} | {' / '.join(map(str, r['per_repeat_s']))} | {rate[arm]} |"
               for arm, r in rows.items()]
     lines += ["", f"Same text in every run: {len(texts) == 1}."]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")

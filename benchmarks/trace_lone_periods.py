@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import math
 import statistics
 
 import bench_lone_prior as lone
@@ -49,13 +50,11 @@ def main() -> None:
         return add_time(self, k, seconds)
 
     def sampled(self):
-        before = self.emitted
+        taken = self.samples
         emit(self)
-        if not before and self.emitted:
-            plain, spec = (self.run, self.before[::-1]) if self.run_plain else (self.before, self.run)
-            k = spec[0][0]
-            samples.append(("spec -> plain" if self.run_plain else "plain -> spec", k,
-                            statistics.median(s for j, s in spec if j == k) / statistics.median(s for _, s in plain)))
+        if self.samples > taken:  # the sample just taken: its K is the speculative side's nearest the boundary
+            k = (self.before[-1] if self.run_plain else self.run[0])[0]
+            samples.append(("spec -> plain" if self.run_plain else "plain -> spec", k, math.exp(self.logs[k][-1])))
 
     def forced(self, width, max_k, acceptance=None, *args, **kw):
         c = choose(self, width, max_k, acceptance, *args, **kw)

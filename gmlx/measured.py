@@ -10,11 +10,11 @@ model's files, the machine, the software and the switches that change a forward,
 under $GMLX_CACHE/measured/, keyed by all of those, for MAX_AGE, and read instead of measured on
 the same key. A check is kept only when it passed. A small quantized target's float32 twin is kept
 too (gmlx/models/dequantized.py, KEEP_MAX_BYTES: dequantizing SmolLM2 4-bit took ~1.7 s of each
-start, reading it back and checking rows of it ~0.3 s); what is older than MAX_AGE is removed when something is kept. The
-online control still measures every round it runs (its pairs replace the probe's ratio within a few
-switches), and a lone request gives speculation up on the probe's figures only after a fresh second
-measurement agrees (probe.reconfirmed). GMLX_KEEP_MEASURED=0: redone in every process, nothing read
-or written; `gmlx doctor` says what is kept.
+start, reading it back and checking rows of it ~0.3 s); what is older than MAX_AGE is removed
+when something is kept. The online control still measures every round it runs (its pairs replace
+the probe's ratio within a few switches), and a lone request gives speculation up on the probe's
+figures only after a fresh second measurement agrees (probe.reconfirmed). GMLX_KEEP_MEASURED=0:
+redone in every process, nothing read or written; `gmlx doctor` says what is kept.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ import warnings
 from pathlib import Path
 
 from gmlx import switches
+from gmlx.atomic_file import write_atomic
 
 MAX_AGE = 7 * 24 * 3600.0  # seconds: a machine's load and speed drift; its software is in the key
 # The switches that change what a forward computes or how fast: part of every key.
 _KEYED = (switches.COMPILE, switches.EARLY_DISPATCH, switches.OPENBLAS, switches.SMALL_GEMM,
           switches.DEQUANTIZED_VERIFY, switches.EAGLE3_LAYERS)
-_warned: set[str] = set()
+_said = False  # that something could not be kept (`cannot_keep`: once a process)
 
 
 def files_of(path: Path) -> tuple:
@@ -96,10 +97,7 @@ def keep(kind: str, key, value) -> None:
         return
     path, text = _file(kind, key)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"of": text, "when": time.time(), "value": value}))
-        tmp.replace(path)  # whole or not at all: a concurrent reader never sees half a file
+        write_atomic(path, json.dumps({"of": text, "when": time.time(), "value": value}))  # (a reader: old or new)
         prune()
     except OSError as e:
         cannot_keep(kind, path.parent, e)
@@ -108,8 +106,9 @@ def keep(kind: str, key, value) -> None:
 def cannot_keep(kind: str, where: Path, e: Exception) -> None:
     """Say once per process that something could not be kept (it is then redone in every process):
     a read-only cache would otherwise warn for each kind."""
-    if not _warned:
-        _warned.add(kind)
+    global _said
+    if not _said:
+        _said = True
         warnings.warn(f"gmlx: could not keep the {kind} measurement under {where} ({e}); it is measured again in"
                       " every process (GMLX_CACHE picks another directory)", RuntimeWarning, stacklevel=3)
 

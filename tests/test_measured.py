@@ -61,7 +61,7 @@ def test_a_cache_that_cannot_be_written_says_so_once(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("GMLX_CACHE", str(tmp_path / "file"))  # a file where the directory would go
     monkeypatch.setenv("GMLX_KEEP_MEASURED", "1")
-    monkeypatch.setattr(measured, "_warned", set())
+    monkeypatch.setattr(measured, "_said", False)
     with pytest.warns(RuntimeWarning, match="could not keep the w measurement"):
         measured.keep("w", ["m"], 1)
     with warnings.catch_warnings():

@@ -77,11 +77,10 @@ def _kept_or_measured(target: Target, drafter: Drafter, max_k: int) -> Costs:
 def _weights(drafter: Drafter) -> list:
     """The shapes and types of the drafter's weights (what its step costs depends on): the modules
     it holds, directly or one object down (a bound head's module)."""
-    found = []
-    for v in vars(drafter).values():
-        for m in [v] if isinstance(v, nn.Module) else [x for x in vars(v).values() if isinstance(x, nn.Module)] \
-                if hasattr(v, "__dict__") else []:
-            found.append(sorted((k, list(a.shape), str(a.dtype)) for k, a in tree_flatten(m.parameters())))
+    held = list(vars(drafter).values())
+    held += [x for v in held if not isinstance(v, nn.Module) and hasattr(v, "__dict__") for x in vars(v).values()]
+    found = [sorted((k, list(a.shape), str(a.dtype)) for k, a in tree_flatten(m.parameters()))
+             for m in held if isinstance(m, nn.Module)]
     return [type(drafter).__name__, sorted(found)]
 
 

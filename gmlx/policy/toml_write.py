@@ -5,33 +5,17 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 import re
-import tempfile
-from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping
 
+from gmlx.atomic_file import write_atomic
 from gmlx.errors import ConfigError
 
 
 def atomic_write(path: Path, text: str) -> None:
-    target = path.resolve()  # write through a symlink (dotfile managers), do not replace it
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)  # atomic on POSIX: readers see the old or the new file
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, text)
     except OSError as e:
         raise ConfigError(f"cannot write gmlx config {path}: {e}") from None
 
