@@ -29,6 +29,8 @@ Variants (`--variants`):
   waits out the exploration's back-off instead of trying again after EXPLORE_SOON rounds.
 - (keepmargin, at 04c011a: a lone request's try kept at STAY once paired, not MARGIN; reverted:
   code -2 %, chat +0 %, 20261205T002446Z.)
+- nolookup: the lone request never drafts from its own context (gmlx before
+  gmlx/drafters/context_lookup.py, 2026-12-06 late).
 - off: the default drafter with the control off (the scalar lane's own rule: K per round from
   the request's acceptance and the load probe's costs).
 - 2026-12-05: noshadow (no shadow rounds while plain: gmlx/decode/shadow.py), switchtimed (a scalar
@@ -71,6 +73,7 @@ from gmlx.engine.cap_watch import CapWatch
 from gmlx.engine.speculation import Speculation
 from gmlx.machine import describe
 from gmlx.decode import scalar, shadow
+from gmlx.drafters.context_lookup import ContextLookup
 from gmlx.policy import control, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
@@ -129,6 +132,8 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
                                                        patch.object(width_control, "LONE_POINT", False))),
     "sure": ("re-arm, doubt kept", lambda: patch.object(width_control, "LONE_POINT", False)),
     "off": ("the default drafter, control off", contextlib.nullcontext),
+    # the lone request's rounds never draft from its own context (gmlx before gmlx/drafters/context_lookup.py)
+    "nolookup": ("no context lookup", lambda: patch.object(ContextLookup, "propose", lambda self, st, row: [])),
     # a lone request sent plain at a gain near 1 waits out the back-off (64 plain rounds, doubling)
     # instead of exploring after EXPLORE_SOON (width_control.acceptance_doubt)
     "nosoon": ("no soon re-try", lambda: patch.object(width_control, "acceptance_doubt", lambda acc: 0.0)),
@@ -181,12 +186,21 @@ def main() -> None:
     ap.add_argument("--variants", default="light,heavy", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--fresh", action="store_true", help="each run starts with nothing learnt (the control's"
                     " figures forgotten), and runs all of a kind's prompts in turn, one at a time")
+    ap.add_argument("--extended", action="store_true", help="12 questions a kind (bench_matrix's 4 and the 8"
+                    " of gmlx_training/replay_smollm2_eagle3.py), not 4")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     if a.fresh and a.concurrency != 1:
         ap.error("--fresh runs one request at a time (c = 1)")
     lm = model(a.model)
     pools = prompt_sets(lm, a.model)
+    if a.extended:
+        from gmlx_training.replay_smollm2_eagle3 import EXTRA_CHAT_ASKS, EXTRA_CODE_ASKS
+
+        chat = lambda text: list(lm.tokenizer.apply_chat_template([{"role": "user", "content": text}],  # noqa: E731
+                                                                  add_generation_prompt=True))
+        pools = {"code": pools["code"] + [chat(q) for q in EXTRA_CODE_ASKS],
+                 "chat": pools["chat"] + [chat(q) for q in EXTRA_CHAT_ASKS]}
     arms = ["plain", *a.variants.split(",")]
     unknown = [v for v in arms[1:] if v not in VARIANTS]
     if unknown:

@@ -169,6 +169,9 @@ class Switches:
     # GMLX_TREE (opt-in, off by default): the lone request may verify a token tree instead of its
     # draft chain (gmlx/decode/tree_verify.py), where it measures the tree faster than the chain.
     tree: bool = field(default_factory=switches.TREE.value)
+    # GMLX_CONTEXT_LOOKUP (on by default): the lone request drafts from its own context where its
+    # last tokens recur there, beside the model's drafter (gmlx/drafters/context_lookup.py).
+    context_lookup: bool = field(default_factory=switches.CONTEXT_LOOKUP.value)
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "Switches":
@@ -177,6 +180,7 @@ class Switches:
             resume=switches.RESUME.value(environ),
             control=switches.CONTROL.value(environ),
             tree=switches.TREE.value(environ),
+            context_lookup=switches.CONTEXT_LOOKUP.value(environ),
         )
 
 

@@ -29,6 +29,7 @@ class RoundResult:
     drafted: int
     accepted: int
     logprobs: list | None = None  # per candidate token, when the request asked (gmlx.processors)
+    foreign: bool = False  # drafted from the row's own context, not the drafter's model (the control skips it)
 
 
 class RowState(Enum):

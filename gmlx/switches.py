@@ -100,6 +100,8 @@ WIDTH_CAP = Switch("GMLX_MTP_WIDTH_CAP", "an integer >= 0 (0 = uncapped)", None,
                    _count)
 CONTROL = _on_off("GMLX_CONTROL", True, "the online control of K and of plain vs speculative per width")
 TREE = _on_off("GMLX_TREE", False, "the lone request may verify a token tree, where measured faster than its chain")
+CONTEXT_LOOKUP = _on_off("GMLX_CONTEXT_LOOKUP", True, "the lone request drafts from its own context where its last"
+                         " tokens recur there, beside the model's drafter")
 ROUND_COSTS = Switch("GMLX_ROUND_COSTS", "prior (unset: measured)", None, "use built-in round cost estimates", _prior)
 DEQUANTIZED_VERIFY = _on_off("GMLX_DEQUANTIZED_VERIFY", True, "a quantized target on the CPU verifies through a twin")
 DEQUANTIZED_DECODE = _on_off("GMLX_DEQUANTIZED_DECODE", None, "the twin's one-token steps too (on) or not (off)")
@@ -129,7 +131,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "gmlx"
 
 
-SWITCHES: tuple[Switch, ...] = (PREEMPT, RESUME, WIDTH_CAP, CONTROL, TREE, ROUND_COSTS, DEQUANTIZED_VERIFY,
+SWITCHES: tuple[Switch, ...] = (PREEMPT, RESUME, WIDTH_CAP, CONTROL, TREE, CONTEXT_LOOKUP, ROUND_COSTS, DEQUANTIZED_VERIFY,
                                 DEQUANTIZED_DECODE, COMPILE, EARLY_DISPATCH, OPENBLAS, SMALL_GEMM, CACHE, KEEP_MEASURED, CONFIG,
                                 API_KEY, DIST_TIMEOUT, EAGLE3_LAYERS, DEBUG)
 

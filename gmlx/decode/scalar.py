@@ -54,7 +54,7 @@ REARM_MIN = 16
 
 class ScalarLane:
     def __init__(self, target: Target, drafter: Drafter | None, k: int, prefill_step: int = 512,
-                 coupled: bool = True, adaptive: bool = True, may_go_plain: bool = True):
+                 coupled: bool = True, adaptive: bool = True, may_go_plain: bool = True, context: bool = False):
         self.target = target
         self.drafter = drafter  # None: plain decode
         self.k = k  # the most drafts per round
@@ -64,6 +64,7 @@ class ScalarLane:
         self.may_go_plain = may_go_plain and adaptive
         self.prefill_step = prefill_step
         self.coupled = coupled  # False only for A/B measurements of coupling itself
+        self.context = context  # rounds may draft from the request's own context (drafters/context_lookup.py)
         self.seq: ScalarSeq | None = None
         self.plain: PlainDecoder | None = None
         self.flight: Flight | None = None  # the speculative round dispatched and not yet read
@@ -189,7 +190,7 @@ class ScalarLane:
         trace.mark("admission")
         res = self._round(self.seq, last)
         following = self.flight.asked if self.flight is not None else 0 if self.in_flight else None
-        self.switched = following is not None and following != self.last_k
+        self.switched = following is not None and (following != self.last_k or getattr(self.flight, "foreign", False))
         return res
 
     def _round(self, seq: ScalarSeq, last: bool) -> RoundResult:
@@ -257,9 +258,9 @@ class ScalarLane:
         inputs = mx.array([[bonus]], dtype=mx.int32)
         drafts, lengths = None, None
         if k:
-            pick = DraftPick(seq.rs if self.coupled else None, np.array([n]))
+            pick = DraftPick(seq.rs if self.coupled else None, np.array([n]), context=seq.max_k if self.context else 0)
             drafts = self.drafter.draft(seq.draft, k, pick, seq.cache)  # [1, k]
-            lengths = self.drafter.draft_lengths(seq.draft)  # host: fewer than k when it found less
+            lengths = self.drafter.draft_lengths(seq.draft)  # host: fewer than k (more: from the context)
             if lengths is not None:
                 k = int(lengths[0])
                 drafts = drafts[:, :k]
@@ -275,7 +276,8 @@ class ScalarLane:
         trace.mark("build")
         mx.async_eval(read) if lps is None else mx.async_eval(read, lps)
         trace.mark("dispatch")
-        return Flight(k=k, position=n, read=read, hidden=hidden, targets=targets, lps=lps, asked=asked)
+        return Flight(k=k, position=n, read=read, hidden=hidden, targets=targets, lps=lps, asked=asked,
+                      foreign=bool(k) and self.drafter.foreign(seq.draft))
 
     def _collect(self, seq: ScalarSeq, fl: Flight) -> RoundResult:
         """The round's one host read, the acceptance rule, and the rollback of what it rejected."""
@@ -284,7 +286,9 @@ class ScalarLane:
         trace.mark("wait")
         accepted, (res,) = verified(read[:, :k], read[:, k:])
         attach([res], fl.lps, seq.rs)
-        seq.acceptance.record(k, res.accepted)
+        res.foreign = fl.foreign
+        if not fl.foreign:  # the request's acceptance is its drafter's
+            seq.acceptance.record(k, res.accepted)
         trace.mark("readback")
         if k > res.accepted:
             for c in seq.cache:

@@ -40,3 +40,4 @@ class Flight:
     targets: mx.array  # [1, k+1]
     lps: mx.array | None = None  # [1, k+1, 1+2N] logprobs, when the request asked (gmlx.processors)
     asked: int = 0  # the drafts asked for (k: those the drafter found); the control keys the round by it
+    foreign: bool = False  # drafted from the request's own context (gmlx/drafters/context_lookup.py)

@@ -51,6 +51,7 @@ class DraftPick:
 
     rs: RowSampling | None
     first_positions: np.ndarray
+    context: int = 0  # (the lone request's rounds) the most drafts its own context may give (context_lookup.py)
 
     def __call__(self, logits: mx.array, j: int) -> mx.array:
         """logits [B, 1, V] for draft j -> tokens [B, 1] int32."""
@@ -95,6 +96,11 @@ class Drafter(ABC):
 
     @abstractmethod
     def capture(self, rows: list, hidden: mx.array, targets: mx.array) -> object: ...
+
+    def foreign(self, st: object) -> bool:
+        """Whether the last draft came from elsewhere than this drafter's model (the row's own
+        context: gmlx/drafters/context_lookup.py): the control learns nothing from such a round."""
+        return False
 
     def rearms(self, st: object) -> bool:
         """Whether a lone request that goes plain may keep this state and re-arm from its plain

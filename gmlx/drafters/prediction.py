@@ -6,7 +6,9 @@ the drafts are proposals, and the verify keeps only what the target itself would
 One wrapper serves every engine: `PredictionDrafter(inner)` wraps the engine's own drafter (the MTP
 head, prompt lookup, the assistant head, a draft model; None for `--drafter prediction` alone).
 Rows without a prediction draft exactly as the inner drafter would (the wrapper then only
-forwards). A row with one drafts, per round:
+forwards), but for the lone request's rounds where its own context drafts instead
+(gmlx/drafters/context_lookup.py). A row with one drafts, per round (where its output stands
+against the prediction: gmlx/drafters/alignment.py):
 
 - **aligned** (its last verified token was the prediction's next token, or a suffix lookup
   re-aligned it): the prediction's next tokens from the alignment pointer, up to `k_max` (longer
@@ -35,110 +37,14 @@ it); `rejected_prediction_tokens` = tokens drafted from the prediction that the 
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
+from gmlx.drafters.alignment import K_MAX, Alignment, alignment
 from gmlx.drafters.base import DraftPick, Drafter, pad_to
-
-# The most tokens a row drafts from its prediction per round. Prediction drafts cost no drafter
-# work, so the limit is the verify: a wrong draft costs its column. Measured with
-# benchmarks/bench_prediction.py (see its results).
-K_MAX = 16
-N_MAX, N_MIN = 4, 1  # suffix lengths tried when re-aligning, longest first
-WINDOW_1 = 8  # a one-token suffix re-aligns only this close after the pointer
-
-
-@lru_cache(maxsize=64)
-def ngram_index(tokens: tuple[int, ...]) -> dict[tuple[int, ...], list[int]]:
-    """Each n-gram of the prediction (N_MIN..N_MAX tokens) -> the sorted positions right after
-    its occurrences (shared by requests with the same prediction: `n` choices, re-asks)."""
-    out: dict[tuple[int, ...], list[int]] = {}
-    for n in range(N_MIN, N_MAX + 1):
-        for end in range(n, len(tokens) + 1):
-            out.setdefault(tokens[end - n:end], []).append(end)
-    return out
-
-
-@dataclass(slots=True)
-class Alignment:
-    """One row's prediction and where its output stands against it."""
-
-    tokens: tuple[int, ...]
-    budget: int  # the request's max_tokens
-    stats: object | None  # the row's RequestStats (counts), None for rows without them
-    generated: int = 0  # output tokens verified so far (the pending bonus included)
-    recent: list[int] = field(default_factory=list)  # the last N_MAX tokens of prompt + output
-    pointer: int = 0  # the prediction position the next output token is expected at
-    aligned: bool = True  # an empty output is aligned with the prediction's start
-    drafted: int = 0  # drafts the last `draft` took from the prediction
-    allowance: int = K_MAX  # the most drafts its next round takes from the prediction
-
-    def propose(self, k_max: int) -> list[int]:
-        if not self.aligned:
-            return []
-        n = min(k_max, self.allowance, len(self.tokens) - self.pointer, self.budget - self.generated - 1)
-        return list(self.tokens[self.pointer:self.pointer + n]) if n > 0 else []
-
-    def verified(self, accepted: int, k_max: int) -> None:
-        """After a round that drafted from the prediction: a whole run accepted doubles the next
-        round's allowance (up to k_max); a rejection shrinks it to what was accepted, plus one.
-        A prediction that keeps failing (an output that wanders off it) then costs a column or two
-        per round, and one that holds again is back at full length within a few rounds."""
-        if not self.drafted:
-            return
-        self.allowance = min(k_max, 2 * self.allowance) if accepted >= self.drafted else accepted + 1
-
-    def advance(self, verified, count: bool) -> None:
-        """Walk a round's verified tokens: in step with the prediction while they equal its next
-        token; once one departs, re-align from the output's suffix after the walk."""
-        accepted = 0
-        for tok in verified:
-            tok = int(tok)
-            self.recent.append(tok)
-            self.generated += 1
-            if self.aligned and self.pointer < len(self.tokens) and self.tokens[self.pointer] == tok:
-                self.pointer += 1
-                accepted += 1
-            else:
-                self.aligned = False
-        del self.recent[:-N_MAX]
-        if not self.aligned:
-            self.realign()
-        if count and self.stats is not None:
-            self.stats.accepted_prediction_tokens += accepted
-
-    def realign(self) -> None:
-        index = ngram_index(self.tokens)
-        for n in range(min(N_MAX, len(self.recent)), N_MIN - 1, -1):
-            ends = index.get(tuple(self.recent[-n:]))
-            if not ends:
-                continue
-            i = bisect_left(ends, self.pointer)
-            if i < len(ends) and (n > 1 or ends[i] - self.pointer <= WINDOW_1):
-                end = ends[i]
-            elif n > 1 and i > 0:
-                end = ends[i - 1]
-            else:
-                continue
-            self.pointer, self.aligned = end, True
-            return
-
-
-def alignment(row, generated: list[int]) -> Alignment | None:
-    """A row's alignment after `generated` output tokens (None: the row has no prediction)."""
-    params = getattr(row, "params", None)
-    tokens = getattr(params, "prediction", None)
-    if not tokens or isinstance(tokens, str):  # text is tokenized at intake; a bare Row without it has none
-        return None
-    a = Alignment(tuple(tokens), params.max_tokens, getattr(row, "stats", None),
-                  recent=list(row.prompt[-N_MAX:]))
-    if generated:
-        a.advance(generated, count=False)
-    return a
+from gmlx.drafters.context_lookup import ContextLookup
 
 
 @dataclass(slots=True)
@@ -146,19 +52,24 @@ class PredictionRows:
     inner: object | None  # the inner drafter's state (None without one)
     rows: list[Alignment | None]
     any: bool  # some row has a prediction (False: the wrapper only forwards)
+    context: object | None = None  # the rows' own contexts (gmlx/drafters/context_lookup.py), or None
     lengths: np.ndarray | None = None  # the last draft's per-row lengths (None: the inner's)
     inner_k: int = 0  # the k the inner drafter drafted in the last draft (0: it was not run)
+    foreign: bool = False  # the last draft was the row's context's, not the inner drafter's
 
 
 class PredictionDrafter(Drafter):
     """The engine's drafter with predicted outputs (see the module docstring). Reads of anything
     it does not define go to the inner drafter (its head, its path, ...), as do writes."""
 
-    _OWN = frozenset({"inner", "k_max"})
+    _OWN = frozenset({"inner", "k_max", "lookup"})
 
     def __init__(self, inner: Drafter | None = None, k_max: int = K_MAX):
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "k_max", k_max)
+        # the lone request's drafts from its own context, beside an inner drafter they may replace
+        replaceable = inner is not None and inner.drafts_replaceable and inner.kind != "ngram"
+        object.__setattr__(self, "lookup", ContextLookup() if replaceable else None)
 
     def __getattr__(self, name):
         inner = self.__dict__.get("inner")
@@ -206,12 +117,13 @@ class PredictionDrafter(Drafter):
         return self.inner is not None and self.inner.batch_replays
 
     # ---- the protocol ------------------------------------------------------------------------
-    def _state(self, inner, rows: list[Alignment | None]) -> PredictionRows:
-        return PredictionRows(inner, rows, any(a is not None for a in rows))
+    def _state(self, inner, rows: list[Alignment | None], context=None) -> PredictionRows:
+        return PredictionRows(inner, rows, any(a is not None for a in rows), context)
 
     def start(self, rows, pres) -> PredictionRows:
         inner = self.inner.start(rows, pres) if self.inner is not None else None
-        return self._state(inner, [alignment(r, list(getattr(r, "tokens", ()))) for r in rows])
+        context = self.lookup.start(rows) if self.lookup is not None else None
+        return self._state(inner, [alignment(r, list(getattr(r, "tokens", ()))) for r in rows], context)
 
     def capture(self, rows, hidden, targets) -> PredictionRows:
         inner = self.inner.capture(rows, hidden, targets) if self.inner is not None else None
@@ -219,20 +131,26 @@ class PredictionDrafter(Drafter):
         if any(getattr(getattr(r, "params", None), "prediction", None) for r in rows):
             verified = np.array(targets)  # sync: none in practice, the capture round's tokens were read already
             aligned = [alignment(r, list(r.tokens) + [int(t[0])]) for r, t in zip(rows, verified)]
-        return self._state(inner, aligned)
+        return self._state(inner, aligned, self.lookup.capture(rows, targets) if self.lookup is not None else None)
 
     def merge(self, a: PredictionRows, b: PredictionRows) -> PredictionRows:
         inner = self.inner.merge(a.inner, b.inner) if self.inner is not None else None
-        return self._state(inner, a.rows + b.rows)
+        context = self.lookup.merge(a.context, b.context) if self.lookup is not None else None
+        return self._state(inner, a.rows + b.rows, context)
 
     def filter(self, st: PredictionRows, keep: list[int]) -> PredictionRows:
         inner = self.inner.filter(st.inner, keep) if self.inner is not None else None
-        return self._state(inner, [st.rows[i] for i in keep])
+        context = self.lookup.filter(st.context, keep) if self.lookup is not None else None
+        return self._state(inner, [st.rows[i] for i in keep], context)
 
     def width(self, st: PredictionRows) -> int:
         return len(st.rows)
 
     def draft(self, st: PredictionRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
+        if pick is not None and pick.context and self.lookup is not None and len(st.rows) == 1 and not st.any:
+            if own := self.lookup.propose(st.context, 0, pick.context):  # the lone request's context drafts this round
+                st.lengths, st.inner_k, st.foreign = np.array([len(own)], dtype=np.int64), 0, True
+                return mx.array([own], dtype=mx.int32)
         if not st.any:  # nothing to add: exactly the inner drafter
             st.lengths, st.inner_k = None, k
             return self.inner.draft(st.inner, k, pick, target_cache)
@@ -279,10 +197,15 @@ class PredictionDrafter(Drafter):
         """The inner drafter's (a gated batch keeps shadow rounds only where no row has a prediction)."""
         return None if st.any or self.inner is None else self.inner.replay_rows(st.inner)
 
+    def foreign(self, st: PredictionRows) -> bool:
+        return st.foreign
+
     def commit(self, st: PredictionRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
         if self.inner is not None:
             # the inner drafter rolls back what it drafted itself (k = 0: it did not draft this round)
-            self.inner.commit(st.inner, st.inner_k if st.any else k, accepted, hidden, targets)
+            self.inner.commit(st.inner, st.inner_k if st.any or st.foreign else k, accepted, hidden, targets)
+        if st.context is not None:
+            self.lookup.commit(st.context, accepted, targets)
         if st.any:
             verified = np.array(targets)  # sync: none in practice, the round's tokens were read already
             for a, t, n in zip(st.rows, verified, accepted):
@@ -296,4 +219,4 @@ class PredictionDrafter(Drafter):
         for a in st.rows:
             if a is not None:
                 a.drafted = 0
-        st.lengths, st.inner_k = None, 0
+        st.lengths, st.inner_k, st.foreign = None, 0, False

@@ -59,12 +59,13 @@ class Engine:
         self.notices = choice.notices  # said once to the user (the CLI prints them)
         self.speculative = drafter is not None
         self.k = self.config.num_draft_tokens or self.lm.default_k
-        # An explicit K is obeyed as in mlx-lm and vLLM: K drafts every round (fewer at a request's
-        # end), never plain; for the lone request too (it was a ceiling there: K=3 drafted 1 mostly).
+        # An explicit K is obeyed as in mlx-lm and vLLM: K drafts every round (fewer at a request's end), never
+        # plain, never the lone request's own context's (drafters/context_lookup.py); for the lone request too.
         # GMLX_TREE=1: the lone request may verify token trees where measured faster (gmlx/decode/tree_verify.py).
         lane, tree = (ScalarLane, {}) if not self.switches.tree else _tree_lane()
         self.scalar = lane(self.lm.target, drafter, self.k, self.config.prefill_step_size,
-                           adaptive=self.config.num_draft_tokens is None, **tree)  # not adaptive: never plain
+                           adaptive=self.config.num_draft_tokens is None,  # not adaptive: never plain
+                           context=self.switches.context_lookup and self.config.num_draft_tokens is None, **tree)
         if self.peers.measures_alone:  # else with the peers, once they all have the engine
             self.measure_round_costs()
         self.model_key = (user_config.model_key(None if self.lm.path == default_model_path() else self.lm.path)

@@ -106,8 +106,10 @@ class Speculation:
             if self.drafter is None and kind in _TIMED and steady:
                 self._pending = (width, 0, t0)
             return
-        if drafted > self.ceiling(width):  # a predicted output drafted past the model's K (up to 16 a
-            return  # round): neither its time nor its acceptance says what the model's drafter buys
+        if drafted > self.ceiling(width) or any(r.foreign for r in results):
+            # a predicted output drafted past the model's K (up to 16 a round), or the request's own
+            # context drafted: neither its time nor its acceptance says what the model's drafter buys
+            return
         self.control.observe(width, k, None, [(r.drafted, r.accepted) for r in results], steady and kind in _TIMED)
         if timed:
             self._pending = (width, k, t0)
