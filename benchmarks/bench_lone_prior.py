@@ -133,7 +133,7 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "sure": ("re-arm, doubt kept", lambda: patch.object(width_control, "LONE_POINT", False)),
     "off": ("the default drafter, control off", contextlib.nullcontext),
     # the lone request's rounds never draft from its own context (gmlx before gmlx/drafters/context_lookup.py)
-    "nolookup": ("no context lookup", lambda: patch.object(ContextLookup, "propose", lambda self, st, row: [])),
+    "nolookup": ("no context lookup", lambda: patch.object(ContextLookup, "propose", lambda self, *a: [])),
     # a lone request sent plain at a gain near 1 waits out the back-off (64 plain rounds, doubling)
     # instead of exploring after EXPLORE_SOON (width_control.acceptance_doubt)
     "nosoon": ("no soon re-try", lambda: patch.object(width_control, "acceptance_doubt", lambda acc: 0.0)),
