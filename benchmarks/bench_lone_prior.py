@@ -30,7 +30,8 @@ Variants (`--variants`):
 - (keepmargin, at 04c011a: a lone request's try kept at STAY once paired, not MARGIN; reverted:
   code -2 %, chat +0 %, 20261205T002446Z.)
 - nolookup: the lone request never drafts from its own context (gmlx before
-  gmlx/drafters/context_lookup.py, 2026-12-06 late).
+  gmlx/drafters/context_lookup.py, 2026-12-06 late); speconly: only while the control has it
+  speculate (a request it has plain re-arms for no context round).
 - off: the default drafter with the control off (the scalar lane's own rule: K per round from
   the request's acceptance and the load probe's costs).
 - 2026-12-05: noshadow (no shadow rounds while plain: gmlx/decode/shadow.py), switchtimed (a scalar
@@ -62,6 +63,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from unittest.mock import patch
 
@@ -74,6 +76,7 @@ from gmlx.engine.speculation import Speculation
 from gmlx.machine import describe
 from gmlx.decode import scalar, shadow
 from gmlx.drafters.context_lookup import ContextLookup
+from gmlx.drafters.prediction import PredictionDrafter
 from gmlx.policy import control, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
@@ -134,6 +137,9 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "off": ("the default drafter, control off", contextlib.nullcontext),
     # the lone request's rounds never draft from its own context (gmlx before gmlx/drafters/context_lookup.py)
     "nolookup": ("no context lookup", lambda: patch.object(ContextLookup, "propose", lambda self, *a: [])),
+    # ... or only while the control has it speculate (a request it has plain re-arms for none: 2026-12-06 late)
+    "speconly": ("context lookup only while speculating", lambda: patch.object(
+        PredictionDrafter, "context_recurs", lambda self, *a: False)),
     # a lone request sent plain at a gain near 1 waits out the back-off (64 plain rounds, doubling)
     # instead of exploring after EXPLORE_SOON (width_control.acceptance_doubt)
     "nosoon": ("no soon re-try", lambda: patch.object(width_control, "acceptance_doubt", lambda acc: 0.0)),
@@ -155,9 +161,14 @@ FIXED_K = {f"k{k}": (EngineConfig(num_draft_tokens=k, width_cap=0), Switches(con
 OFF = (EngineConfig(width_cap=0, prompt_cache_bytes=0), Switches(control=False))  # the lane's own K per round (its acceptance, the probe's costs)
 
 
+DRAFTER: str | None = None  # --drafter: every arm's drafter kind (None: the model's default)
+
+
 def one(lm, arm: str, prompts: list[list[int]], max_tokens: int, fresh: bool = False) -> dict:
     config, switches = (FIXED_K[arm] if arm in FIXED_K else OFF if arm == "off" else
                         ARMS["plain" if arm == "plain" else "default"][:2])
+    if DRAFTER is not None and arm != "plain":
+        config = replace(config, drafter=DRAFTER)
     if fresh:  # nothing learnt: a fresh process's first request(s)
         control.forget(lm.target)
     with contextlib.nullcontext() if arm == "plain" else VARIANTS[arm][1]():
@@ -188,8 +199,11 @@ def main() -> None:
                     " figures forgotten), and runs all of a kind's prompts in turn, one at a time")
     ap.add_argument("--extended", action="store_true", help="12 questions a kind (bench_matrix's 4 and the 8"
                     " of gmlx_training/replay_smollm2_eagle3.py), not 4")
+    ap.add_argument("--drafter", default=None, help="every arm's drafter kind (default: the model's own)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
+    global DRAFTER
+    DRAFTER = a.drafter
     if a.fresh and a.concurrency != 1:
         ap.error("--fresh runs one request at a time (c = 1)")
     lm = model(a.model)

@@ -7,7 +7,7 @@ it is off (an explicit K, GMLX_CONTEXT_LOOKUP=0)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from engine_helpers import P, matches_solo
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
+from gmlx.decode.scalar import ScalarLane
 from gmlx.drafters.base import DraftPick
 from gmlx.drafters.context_lookup import ContextLookup
 from gmlx.drafters.draft_model import DraftModelDrafter
@@ -96,7 +97,7 @@ def test_the_lone_request_drafts_from_its_context_and_the_drafter_sits_the_round
     assert list(d.draft_lengths(st)) == [3] and d.foreign(st) and inner.drafts == 0
     commit(d, st, [[8, 9, 3]], [2])  # two accepted, then the target's 3
     assert inner.commits == [0] and not d.foreign(st)  # a round the inner drafter did not draft for
-    assert st.inner.rows[0].seq[-3:] == [8, 9, 3] and st.context[0].rows[0].seq[-3:] == [8, 9, 3]
+    assert st.inner.rows[0].seq[-3:] == [8, 9, 3] and st.context.index.rows[0].seq[-3:] == [8, 9, 3]
     # no recurring suffix ("9 3" and "1 2 5 6 7 8 9 3"): the inner drafter drafts
     d.draft(st, 1, pick(True), [])
     assert inner.drafts == 1 and not d.foreign(st)
@@ -187,3 +188,42 @@ def test_the_switch_from_the_environment(monkeypatch):
     assert Switches.from_env().context_lookup is False
     monkeypatch.delenv("GMLX_CONTEXT_LOOKUP")
     assert Switches.from_env().context_lookup is True
+
+
+def test_recurs_reads_what_a_plain_request_emitted_and_its_commit_skips_it():
+    lk = ContextLookup()
+    st = lk.start([row([9, 1, 2, 3, 4])])  # the prompt; its output so far: nothing
+    assert not lk.recurs(st, 0) and not lk.recurs(st, 0, [])
+    # decoding plain, it emitted 7 1 2 3: "1 2 3" occurred, 4 after it
+    assert lk.recurs(st, 0, [7, 1, 2, 3]) and lk.propose(st, 0, 3) == [4, 7, 1]
+    assert st.ahead == [4] and st.index.rows[0].seq == [9, 1, 2, 3, 4, 7, 1, 2, 3]
+    assert lk.recurs(st, 0, [7, 1, 2, 3])  # nothing new emitted: nothing read again
+    # the re-arm commits the plain steps (7 1 2 3) and more (5): only 5 is new
+    lk.commit(st, np.array([4]), np.array([[7, 1, 2, 3, 5]]))
+    assert st.ahead == [0] and st.index.rows[0].seq == [9, 1, 2, 3, 4, 7, 1, 2, 3, 5]
+    assert not lk.recurs(st, 0) and not lk.recurs(lk.start([row([5, 6, 1, 2, 5, 6])]), 0)
+
+
+def test_a_request_the_control_has_plain_re_arms_for_rounds_its_context_drafts(lm, proposals, monkeypatch):
+    """After its first rounds the control says plain every time: the request decodes plain, keeps
+    its drafter, and re-arms only where its context recurs (no other re-arm is asked for); those
+    rounds draft from its context, and the stream is solo plain decoding's."""
+    choose, rearms, foreign = Controller.choose, [], []
+    calls = iter(range(10 ** 6))
+
+    def plain_after_three(self, *a, **kw):
+        c = choose(self, *a, **kw)
+        return c if next(calls) < 3 else replace(c, k=0, window=False, exploring=False)
+
+    monkeypatch.setattr(Controller, "choose", plain_after_three)
+    monkeypatch.setattr(ScalarLane, "_rearm", lambda self, *a, rearm=ScalarLane._rearm: (
+        rearms.append(1), rearm(self, *a))[1])
+    monkeypatch.setattr(ScalarLane, "_collect", lambda self, seq, fl, collect=ScalarLane._collect: (
+        foreign.append(fl.foreign), collect(self, seq, fl))[1])
+    eng = Engine(lm, EngineConfig(prompt_cache_bytes=0), switches=Switches(control=True))
+    try:
+        prompt, params = lm.tokenizer.encode(REPEATING), P(64, seed=3)
+        matches_solo(lm, prompt, params, eng.generate(prompt, params).tokens)
+    finally:
+        eng.close()
+    assert rearms and any(foreign), (rearms, foreign)

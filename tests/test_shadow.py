@@ -15,6 +15,7 @@ from gmlx.decode import scalar, shadow
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import prefill_row
 from gmlx.drafters.base import take_rows_at
+from gmlx.drafters.context_lookup import ContextLookup
 from gmlx.drafters.select import select_drafter
 from gmlx.engine.oracle import make_row
 from gmlx.policy import control, width_control
@@ -103,7 +104,10 @@ def _sent_plain_with_no_agreement(lm, prompt, params, monkeypatch, shadows: bool
             seq.acceptance = Acceptance(0.01, 12.0, rounds=20, decay=DECAY)  # (rounds: no new request's try)
 
     monkeypatch.setattr(scalar.ScalarLane, "_go_plain", go_plain)
-    eng = on(lm, drafter=drafter)  # (the test model's default, the KV-sharing assistant, offers no replay)
+    # (the test model's default, the KV-sharing assistant, offers no replay); nor may a recurring
+    # context bring it back (a re-arm for a context round: tests/test_context_lookup.py)
+    monkeypatch.setattr(ContextLookup, "recurs", lambda self, *a: False)
+    eng = on(lm, drafter=drafter)
     run = drive(eng, {0: [("a", prompt, params)]})
     check_solo(lm, run)
     eng.close()

@@ -25,10 +25,9 @@ from gmlx.decode.prefill import Prefilled, prefill_row
 from gmlx.decode.scalar_seq import Flight, ScalarSeq
 from gmlx.decode.shadow import Shadow
 from gmlx.decode.verify import verified
-from gmlx.row import RoundResult
 from gmlx.drafters.base import DraftPick, Drafter
 from gmlx import trace
-from gmlx.row import Row
+from gmlx.row import Row, RoundResult
 from gmlx.kv import RaggedKVCache
 from gmlx.model_cache import lift_caches
 from gmlx.models.adapter import Target
@@ -43,11 +42,11 @@ from gmlx.sampling import RowSampling, sample
 # Tokens left when a lone request runs the control's plain window at its tail (it cannot re-arm after
 # it): the window's rounds (5 the first time, 3 for a refresh), all timed, and the switch's, not.
 WINDOW_TAIL_EXTRA = 1
-# A lone request the control sends plain (or into a plain window) with more than this many tokens
-# left keeps its drafter: its plain steps keep their hidden states (PlainDecoder `keep_hidden`;
-# a drafter that replays them measures its acceptance meanwhile: gmlx/decode/shadow.py), the
-# control is asked every plain round, and when it asks for drafts again the drafter takes those
-# steps as pending entries, as it takes a prompt (docs/speculation.md: without it a SmolLM2 chat
+# A lone request the control sends plain (or into a plain window) with more than this many tokens left
+# keeps its drafter: its plain steps keep their hidden states (PlainDecoder `keep_hidden`; a drafter that
+# replays them measures its acceptance meanwhile: decode/shadow.py), the control is asked every plain
+# round (and its own context looked up: drafters/context_lookup.py), and on a re-arm the drafter takes
+# those steps as pending entries, as it takes a prompt (docs/speculation.md: without it a SmolLM2 chat
 # answer, 0.12 of drafts agreeing over its first rounds and ~0.3 after, went plain for good).
 REARM_MIN = 16
 
@@ -120,8 +119,7 @@ class ScalarLane:
         prompt's hidden states at its first draft."""
         max_k = self.decide() if max_k is None else max_k
         if pre is None:
-            pre = prefill_row(self.target, row, self.prefill_step,
-                              want_hidden=max_k > 0 and self.drafter.needs_hidden)
+            pre = prefill_row(self.target, row, self.prefill_step, want_hidden=max_k > 0 and self.drafter.needs_hidden)
         draft = self.drafter.start([row], [pre]) if max_k else None
         rs = RowSampling.from_params([row.params], [row.seed])
         self.seq = ScalarSeq(row=row, cache=pre.cache, draft=draft, rs=rs, max_k=max_k)
@@ -157,13 +155,15 @@ class ScalarLane:
             self.shadow.read(seq.row, seq.acceptance)
         choice = self.control.choose(1, seq.max_k, seq.acceptance)
         seq.choice = choice if choice.k > 0 else seq.choice
+        if choice.k == 0 and self.context and self.drafter.context_recurs(seq.draft, seq.row.tokens):
+            return True  # a round its own context drafts (drafters/context_lookup.py)
         if choice.k == 0 and self.shadow is not None and self.shadow.due(self.plain):
             self.shadow.dispatch(self.drafter, seq.draft, self.plain, seq.rs)
         return choice.k > 0
 
     def _rearm(self, seq: ScalarSeq, pending: list[int]) -> None:
-        """Hand the plain steps to the drafter as pending entries (one commit with k = 0: the
-        drafter base's contract) and dispatch a speculative round from the last one's token."""
+        """Hand the plain steps to the drafter as pending entries (one commit with k = 0, the drafter
+        base's contract) and dispatch a speculative round from the last one's token."""
         self.plain.hand_to(self.drafter, seq.draft)
         position, self.plain, self.shadow = self.plain.pos, None, None
         self.flight = self._dispatch(seq, max(pending[-1], 0), position, seq.row.remaining - len(pending), pending)
@@ -179,7 +179,8 @@ class ScalarLane:
                 window = self.control.at(1).plain_window
                 return (self._may_rearm(seq, remaining - window)
                         or remaining <= window + WINDOW_TAIL_EXTRA)
-            return seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP and seq.choice.k == 0
+            return (seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP and seq.choice.k == 0
+                    and not (self.context and self.drafter.context_recurs(seq.draft)))  # its context drafts on
         return (self.may_go_plain and seq.draft is not None and seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP
                 and seq.acceptance.best_k(seq.max_k, self.round_costs()) == 0)
 
@@ -224,9 +225,8 @@ class ScalarLane:
         return [seq.row], lift_caches([seq.cache]), [Prefilled.nothing()]
 
     def retire(self) -> tuple[Row, list]:
-        """The finished request and its cache (for the prompt cache); the lane is empty after. A
-        round still in flight (the request stopped at a stop string, its stop_fn or a cancel) is
-        dropped: its unverified drafts leave the cache; the bonus's entry is the request's own."""
+        """The finished request and its cache (for the prompt cache); the lane is empty after. A round
+        still in flight (a stop string, stop_fn or cancel) is dropped: its drafts leave the cache."""
         seq, flight = self.seq, self.flight
         if flight is not None and flight.k:
             for c in seq.cache:
@@ -238,8 +238,7 @@ class ScalarLane:
         self.seq = self.plain = self.flight = self.shadow = None
 
     def round_k(self, seq: ScalarSeq, remaining: int) -> int:
-        """Drafts this round: the best k >= 1 for the request's acceptance so far (when
-        adaptive), never more than the budget can use."""
+        """Drafts this round: the best k >= 1 for its acceptance so far (adaptive), within its budget."""
         if seq.draft is None:
             return 0
         if self.control is not None and self.adaptive:
@@ -264,8 +263,7 @@ class ScalarLane:
             if lengths is not None:
                 k = int(lengths[0])
                 drafts = drafts[:, :k]
-            # The draft chain starts computing while the verify graph is built.
-            mx.async_eval(drafts)
+            mx.async_eval(drafts)  # the draft chain starts computing while the verify graph is built
             inputs = mx.concatenate([inputs, drafts], axis=1)
         logits, hidden = self.target(inputs, seq.cache)  # [1, k+1, V], [1, k+1, D]
         # processors (if any) see the committed tokens, the round's not yet emitted ones and drafts[:j]

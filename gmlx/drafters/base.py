@@ -102,6 +102,11 @@ class Drafter(ABC):
         context: gmlx/drafters/context_lookup.py): the control learns nothing from such a round."""
         return False
 
+    def context_recurs(self, st: object, emitted: list[int] | None = None) -> bool:
+        """(one row) Whether its next round would draft from its own context (`emitted`: its output
+        tokens so far, where the state may lag them): gmlx/drafters/context_lookup.py."""
+        return False
+
     def rearms(self, st: object) -> bool:
         """Whether a lone request that goes plain may keep this state and re-arm from its plain
         steps (a `commit` with k = 0 of several: see above)."""

@@ -32,6 +32,8 @@ rounds take.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gmlx.drafters.ngram import NGramDrafter, NGramRows, lookup
@@ -40,43 +42,68 @@ N_MIN, N_MAX = 3, 4  # the suffix lengths that count, longest first (see the mod
 K = 3  # drafts a lookup round takes (fewer where the request's K ceiling is lower)
 
 
+@dataclass(slots=True)
+class Contexts:
+    index: NGramRows  # per row: its sequence (prompt, verified tokens, the pending bonus last) and n-grams
+    prompts: list[int]  # per row: its prompt's length
+    limits: list[int]  # per row: the longest sequence its budget allows
+    ahead: list[int]  # per row: tokens read from its emitted output that its commits have not brought yet
+
+
 class ContextLookup:
-    """Each row's sequence (prompt and verified tokens, the pending bonus last) and its n-gram
-    index, kept as prompt lookup keeps them (gmlx/drafters/ngram.py), with each row's budget."""
+    """Each row's context kept as prompt lookup keeps it (gmlx/drafters/ngram.py): its sequence
+    grows by each round's verified tokens (`commit`), and while the lone request decodes plain by
+    its emitted tokens (`recurs`), which the re-arm's commit then brings again (skipped)."""
 
     def __init__(self):
         self.index = NGramDrafter(N_MIN, N_MAX)
 
-    def start(self, rows) -> tuple[NGramRows, list[int]]:
-        return self.index.start(rows, None), _limits(rows)
+    def start(self, rows) -> Contexts:
+        return _contexts(self.index.start(rows, None), rows)
 
-    def capture(self, rows, targets) -> tuple[NGramRows, list[int]]:
-        return self.index.capture(rows, None, targets), _limits(rows)
+    def capture(self, rows, targets) -> Contexts:
+        return _contexts(self.index.capture(rows, None, targets), rows)
 
-    def merge(self, a, b):
-        return self.index.merge(a[0], b[0]), a[1] + b[1]
+    def merge(self, a: Contexts, b: Contexts) -> Contexts:
+        return Contexts(self.index.merge(a.index, b.index), a.prompts + b.prompts, a.limits + b.limits,
+                        a.ahead + b.ahead)
 
-    def filter(self, st, keep: list[int]):
-        return self.index.filter(st[0], keep), [st[1][i] for i in keep]
+    def filter(self, st: Contexts, keep: list[int]) -> Contexts:
+        return Contexts(self.index.filter(st.index, keep), *([x[i] for i in keep] for x in (st.prompts, st.limits,
+                                                                                               st.ahead)))
 
-    def commit(self, st, accepted: np.ndarray, targets) -> None:
-        self.index.commit(st[0], 0, accepted, None, targets)
+    def commit(self, st: Contexts, accepted: np.ndarray, targets) -> None:
+        """Each row's verified tokens (its accepted drafts, then the bonus), less those read ahead."""
+        verified = np.array(targets)  # sync: none in practice, the round's tokens were read already
+        for b, (ix, t, a) in enumerate(zip(st.index.rows, verified, accepted)):
+            new = t[: int(a) + 1].tolist()  # sync: none, numpy data
+            skip, st.ahead[b] = min(st.ahead[b], len(new)), st.ahead[b] - min(st.ahead[b], len(new))
+            ix.seq.extend(new[skip:])
 
-    def propose(self, st, row: int, most: int) -> list[int]:
+    def propose(self, st: Contexts, row: int, most: int) -> list[int]:
         """Row `row`'s drafts from its context ([] when its suffix never occurred): up to K, never
         more than `most` (the request's K ceiling: the most drafts a round of it runs, whoever
         drafts them) nor than its budget can use (a round of k drafts emits up to k + 1 tokens)."""
-        ix, limit = st[0].rows[row], st[1][row]
+        ix = st.index.rows[row]
         seq = ix.sync(N_MIN, N_MAX)
-        n = min(K, most, limit - len(seq) - 1)
+        n = min(K, most, st.limits[row] - len(seq) - 1)
         return lookup(seq, ix.after, n, N_MIN, N_MAX) if n > 0 else []
 
+    def recurs(self, st: Contexts, row: int, emitted: list[int] | None = None) -> bool:
+        """Whether row `row` would draft from its context now: whether its last N_MIN..N_MAX tokens
+        occurred earlier in it. `emitted`: the row's output tokens so far (a lone request the
+        control has plain: gmlx/decode/scalar.py re-arms it for such a round), read into the
+        sequence where they run past it; None: the sequence as committed."""
+        ix = st.index.rows[row]
+        if emitted is not None and (new := emitted[len(ix.seq) - st.prompts[row]:]):
+            ix.seq.extend(new)
+            st.ahead[row] += len(new)
+        seq = ix.sync(N_MIN, N_MAX)
+        return any(tuple(seq[-n:]) in ix.after for n in range(min(N_MAX, len(seq)), N_MIN - 1, -1))
 
-def _limits(rows) -> list[int]:
-    """The longest sequence each row may reach: its prompt and max_tokens (no budget: unbounded)."""
-    out = []
-    for r in rows:
-        params = getattr(r, "params", None)
-        budget = getattr(params, "max_tokens", None)
-        out.append(len(r.prompt) + budget if budget is not None else 1 << 62)
-    return out
+
+def _contexts(index: NGramRows, rows) -> Contexts:
+    """The rows' contexts, with each row's budget (a row without one: unbounded)."""
+    budgets = [getattr(getattr(r, "params", None), "max_tokens", None) for r in rows]
+    return Contexts(index, [len(r.prompt) for r in rows],
+                    [len(r.prompt) + m if m is not None else 1 << 62 for r, m in zip(rows, budgets)], [0] * len(rows))

@@ -200,6 +200,9 @@ class PredictionDrafter(Drafter):
     def foreign(self, st: PredictionRows) -> bool:
         return st.foreign
 
+    def context_recurs(self, st: PredictionRows, emitted: list[int] | None = None) -> bool:
+        return self.lookup is not None and len(st.rows) == 1 and not st.any and self.lookup.recurs(st.context, 0, emitted)
+
     def commit(self, st: PredictionRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
         if self.inner is not None:
             # the inner drafter rolls back what it drafted itself (k = 0: it did not draft this round)
