@@ -61,17 +61,6 @@ class ContextLookup:
     def start(self, rows) -> Contexts:
         return _contexts(self.index.start(rows, None), rows)
 
-    def capture(self, rows, targets) -> Contexts:
-        return _contexts(self.index.capture(rows, None, targets), rows)
-
-    def merge(self, a: Contexts, b: Contexts) -> Contexts:
-        return Contexts(self.index.merge(a.index, b.index), a.prompts + b.prompts, a.limits + b.limits,
-                        a.ahead + b.ahead)
-
-    def filter(self, st: Contexts, keep: list[int]) -> Contexts:
-        return Contexts(self.index.filter(st.index, keep), *([x[i] for i in keep] for x in (st.prompts, st.limits,
-                                                                                               st.ahead)))
-
     def commit(self, st: Contexts, accepted: np.ndarray, targets) -> None:
         """Each row's verified tokens (its accepted drafts, then the bonus), less those read ahead."""
         verified = np.array(targets)  # sync: none in practice, the round's tokens were read already

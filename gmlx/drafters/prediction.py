@@ -52,7 +52,7 @@ class PredictionRows:
     inner: object | None  # the inner drafter's state (None without one)
     rows: list[Alignment | None]
     any: bool  # some row has a prediction (False: the wrapper only forwards)
-    context: object | None = None  # the rows' own contexts (gmlx/drafters/context_lookup.py), or None
+    context: object | None = None  # a lone row's own context (gmlx/drafters/context_lookup.py), or None
     lengths: np.ndarray | None = None  # the last draft's per-row lengths (None: the inner's)
     inner_k: int = 0  # the k the inner drafter drafted in the last draft (0: it was not run)
     foreign: bool = False  # the last draft was the row's context's, not the inner drafter's
@@ -122,7 +122,8 @@ class PredictionDrafter(Drafter):
 
     def start(self, rows, pres) -> PredictionRows:
         inner = self.inner.start(rows, pres) if self.inner is not None else None
-        context = self.lookup.start(rows) if self.lookup is not None else None
+        # (a one-row state only: the lone request's; a batch never drafts from its rows' contexts)
+        context = self.lookup.start(rows) if self.lookup is not None and len(rows) == 1 else None
         return self._state(inner, [alignment(r, list(getattr(r, "tokens", ()))) for r in rows], context)
 
     def capture(self, rows, hidden, targets) -> PredictionRows:
@@ -131,23 +132,21 @@ class PredictionDrafter(Drafter):
         if any(getattr(getattr(r, "params", None), "prediction", None) for r in rows):
             verified = np.array(targets)  # sync: none in practice, the capture round's tokens were read already
             aligned = [alignment(r, list(r.tokens) + [int(t[0])]) for r, t in zip(rows, verified)]
-        return self._state(inner, aligned, self.lookup.capture(rows, targets) if self.lookup is not None else None)
+        return self._state(inner, aligned)
 
     def merge(self, a: PredictionRows, b: PredictionRows) -> PredictionRows:
         inner = self.inner.merge(a.inner, b.inner) if self.inner is not None else None
-        context = self.lookup.merge(a.context, b.context) if self.lookup is not None else None
-        return self._state(inner, a.rows + b.rows, context)
+        return self._state(inner, a.rows + b.rows)
 
     def filter(self, st: PredictionRows, keep: list[int]) -> PredictionRows:
         inner = self.inner.filter(st.inner, keep) if self.inner is not None else None
-        context = self.lookup.filter(st.context, keep) if self.lookup is not None else None
-        return self._state(inner, [st.rows[i] for i in keep], context)
+        return self._state(inner, [st.rows[i] for i in keep], st.context if keep == [0] else None)
 
     def width(self, st: PredictionRows) -> int:
         return len(st.rows)
 
     def draft(self, st: PredictionRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
-        if pick is not None and pick.context and self.lookup is not None and len(st.rows) == 1 and not st.any:
+        if pick is not None and pick.context and st.context is not None and not st.any:
             if own := self.lookup.propose(st.context, 0, pick.context):  # the lone request's context drafts this round
                 st.lengths, st.inner_k, st.foreign = np.array([len(own)], dtype=np.int64), 0, True
                 return mx.array([own], dtype=mx.int32)
@@ -201,7 +200,7 @@ class PredictionDrafter(Drafter):
         return st.foreign
 
     def context_recurs(self, st: PredictionRows, emitted: list[int] | None = None) -> bool:
-        return self.lookup is not None and len(st.rows) == 1 and not st.any and self.lookup.recurs(st.context, 0, emitted)
+        return st.context is not None and not st.any and self.lookup.recurs(st.context, 0, emitted)
 
     def commit(self, st: PredictionRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
         if self.inner is not None:
