@@ -53,17 +53,17 @@ REPEATING = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    re
 
 def test_a_recurring_suffix_of_three_drafts_what_followed_it_within_the_budget():
     lk = ContextLookup()
-    st = lk.start([row(RECURRING)])
-    assert lk.propose(st, 0, 3) == [8, 9, 1]
-    assert lk.propose(lk.start([row([5, 6, 1, 2, 5, 6])]), 0, 3) == []  # two tokens recurring are not enough
-    assert lk.propose(lk.start([row(RECURRING, max_tokens=2)]), 0, 3) == [8]  # a round of k emits k + 1
-    assert lk.propose(lk.start([row(RECURRING, max_tokens=1)]), 0, 3) == []
-    assert lk.propose(lk.start([row(RECURRING)]), 0, 1) == [8]  # the request's K ceiling
+    st = lk.start(row(RECURRING))
+    assert lk.propose(st, 3) == [8, 9, 1]
+    assert lk.propose(lk.start(row([5, 6, 1, 2, 5, 6])), 3) == []  # two tokens recurring are not enough
+    assert lk.propose(lk.start(row(RECURRING, max_tokens=2)), 3) == [8]  # a round of k emits k + 1
+    assert lk.propose(lk.start(row(RECURRING, max_tokens=1)), 3) == []
+    assert lk.propose(lk.start(row(RECURRING)), 1) == [8]  # the request's K ceiling
     # the verified tokens extend the context: ... 5 6 7 | 8 4 -> "7 8 4" never occurred
     lk.commit(st, np.array([1]), np.array([[8, 4]]))
-    assert lk.propose(st, 0, 3) == []
+    assert lk.propose(st, 3) == []
     lk.commit(st, np.array([0]), np.array([[5]]))  # ... 8 4 5: "4 5" is two tokens
-    assert lk.propose(st, 0, 3) == []
+    assert lk.propose(st, 3) == []
 
 
 class Inner(NGramDrafter):
@@ -97,7 +97,7 @@ def test_the_lone_request_drafts_from_its_context_and_the_drafter_sits_the_round
     assert list(d.draft_lengths(st)) == [3] and d.foreign(st) and inner.drafts == 0
     commit(d, st, [[8, 9, 3]], [2])  # two accepted, then the target's 3
     assert inner.commits == [0] and not d.foreign(st)  # a round the inner drafter did not draft for
-    assert st.inner.rows[0].seq[-3:] == [8, 9, 3] and st.context.index.rows[0].seq[-3:] == [8, 9, 3]
+    assert st.inner.rows[0].seq[-3:] == [8, 9, 3] and st.context.index.seq[-3:] == [8, 9, 3]
     # no recurring suffix ("9 3" and "1 2 5 6 7 8 9 3"): the inner drafter drafts
     d.draft(st, 1, pick(True), [])
     assert inner.drafts == 1 and not d.foreign(st)
@@ -192,16 +192,16 @@ def test_the_switch_from_the_environment(monkeypatch):
 
 def test_recurs_reads_what_a_plain_request_emitted_and_its_commit_skips_it():
     lk = ContextLookup()
-    st = lk.start([row([9, 1, 2, 3, 4])])  # the prompt; its output so far: nothing
-    assert not lk.recurs(st, 0) and not lk.recurs(st, 0, [])
+    st = lk.start(row([9, 1, 2, 3, 4]))  # the prompt; its output so far: nothing
+    assert not lk.recurs(st) and not lk.recurs(st, [])
     # decoding plain, it emitted 7 1 2 3: "1 2 3" occurred, 4 after it
-    assert lk.recurs(st, 0, [7, 1, 2, 3]) and lk.propose(st, 0, 3) == [4, 7, 1]
-    assert st.ahead == [4] and st.index.rows[0].seq == [9, 1, 2, 3, 4, 7, 1, 2, 3]
-    assert lk.recurs(st, 0, [7, 1, 2, 3])  # nothing new emitted: nothing read again
+    assert lk.recurs(st, [7, 1, 2, 3]) and lk.propose(st, 3) == [4, 7, 1]
+    assert st.ahead == 4 and st.index.seq == [9, 1, 2, 3, 4, 7, 1, 2, 3]
+    assert lk.recurs(st, [7, 1, 2, 3])  # nothing new emitted: nothing read again
     # the re-arm commits the plain steps (7 1 2 3) and more (5): only 5 is new
     lk.commit(st, np.array([4]), np.array([[7, 1, 2, 3, 5]]))
-    assert st.ahead == [0] and st.index.rows[0].seq == [9, 1, 2, 3, 4, 7, 1, 2, 3, 5]
-    assert not lk.recurs(st, 0) and not lk.recurs(lk.start([row([5, 6, 1, 2, 5, 6])]), 0)
+    assert st.ahead == 0 and st.index.seq == [9, 1, 2, 3, 4, 7, 1, 2, 3, 5]
+    assert not lk.recurs(st) and not lk.recurs(lk.start(row([5, 6, 1, 2, 5, 6])))
 
 
 def test_a_request_the_control_has_plain_re_arms_for_rounds_its_context_drafts(lm, proposals, monkeypatch):

@@ -36,63 +36,53 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gmlx.drafters.ngram import NGramDrafter, NGramRows, lookup
+from gmlx.drafters.ngram import RowIndex, lookup
 
 N_MIN, N_MAX = 3, 4  # the suffix lengths that count, longest first (see the module docstring)
 K = 3  # drafts a lookup round takes (fewer where the request's K ceiling is lower)
 
 
 @dataclass(slots=True)
-class Contexts:
-    index: NGramRows  # per row: its sequence (prompt, verified tokens, the pending bonus last) and n-grams
-    prompts: list[int]  # per row: its prompt's length
-    limits: list[int]  # per row: the longest sequence its budget allows
-    ahead: list[int]  # per row: tokens read from its emitted output that its commits have not brought yet
+class Context:
+    """The lone request's context, kept as prompt lookup keeps a row's (gmlx/drafters/ngram.py): its
+    sequence (prompt, verified tokens, the pending bonus last) grows by each round's verified tokens
+    (`commit`), and while it decodes plain by its emitted tokens (`recurs`), which the re-arm's commit
+    then brings again (skipped: `ahead`)."""
+
+    index: RowIndex
+    prompt: int  # its prompt's length
+    limit: int  # the longest sequence its budget allows
+    ahead: int = 0  # tokens read from its emitted output that its commits have not brought yet
 
 
 class ContextLookup:
-    """Each row's context kept as prompt lookup keeps it (gmlx/drafters/ngram.py): its sequence
-    grows by each round's verified tokens (`commit`), and while the lone request decodes plain by
-    its emitted tokens (`recurs`), which the re-arm's commit then brings again (skipped)."""
+    def start(self, row) -> Context:
+        budget = getattr(getattr(row, "params", None), "max_tokens", None)
+        n = len(row.prompt)
+        return Context(RowIndex(list(row.prompt) + list(row.tokens)), n, n + budget if budget is not None else 1 << 62)
 
-    def __init__(self):
-        self.index = NGramDrafter(N_MIN, N_MAX)
+    def commit(self, st: Context, accepted: np.ndarray, targets) -> None:
+        """The verified tokens (the accepted drafts, then the bonus), less those read ahead."""
+        new = np.array(targets)[0, : int(accepted[0]) + 1].tolist()  # sync: none, the round's tokens were read already
+        skip = min(st.ahead, len(new))
+        st.ahead -= skip
+        st.index.seq.extend(new[skip:])
 
-    def start(self, rows) -> Contexts:
-        return _contexts(self.index.start(rows, None), rows)
+    def propose(self, st: Context, most: int) -> list[int]:
+        """Drafts from the context ([] when its suffix never occurred): up to K, never more than
+        `most` (the request's K ceiling: the most drafts a round of it runs, whoever drafts them)
+        nor than its budget can use (a round of k drafts emits up to k + 1 tokens)."""
+        seq = st.index.sync(N_MIN, N_MAX)
+        n = min(K, most, st.limit - len(seq) - 1)
+        return lookup(seq, st.index.after, n, N_MIN, N_MAX) if n > 0 else []
 
-    def commit(self, st: Contexts, accepted: np.ndarray, targets) -> None:
-        """Each row's verified tokens (its accepted drafts, then the bonus), less those read ahead."""
-        verified = np.array(targets)  # sync: none in practice, the round's tokens were read already
-        for b, (ix, t, a) in enumerate(zip(st.index.rows, verified, accepted)):
-            new = t[: int(a) + 1].tolist()  # sync: none, numpy data
-            skip, st.ahead[b] = min(st.ahead[b], len(new)), st.ahead[b] - min(st.ahead[b], len(new))
-            ix.seq.extend(new[skip:])
-
-    def propose(self, st: Contexts, row: int, most: int) -> list[int]:
-        """Row `row`'s drafts from its context ([] when its suffix never occurred): up to K, never
-        more than `most` (the request's K ceiling: the most drafts a round of it runs, whoever
-        drafts them) nor than its budget can use (a round of k drafts emits up to k + 1 tokens)."""
-        ix = st.index.rows[row]
-        seq = ix.sync(N_MIN, N_MAX)
-        n = min(K, most, st.limits[row] - len(seq) - 1)
-        return lookup(seq, ix.after, n, N_MIN, N_MAX) if n > 0 else []
-
-    def recurs(self, st: Contexts, row: int, emitted: list[int] | None = None) -> bool:
-        """Whether row `row` would draft from its context now: whether its last N_MIN..N_MAX tokens
-        occurred earlier in it. `emitted`: the row's output tokens so far (a lone request the
-        control has plain: gmlx/decode/scalar.py re-arms it for such a round), read into the
-        sequence where they run past it; None: the sequence as committed."""
-        ix = st.index.rows[row]
-        if emitted is not None and (new := emitted[len(ix.seq) - st.prompts[row]:]):
-            ix.seq.extend(new)
-            st.ahead[row] += len(new)
-        seq = ix.sync(N_MIN, N_MAX)
-        return any(tuple(seq[-n:]) in ix.after for n in range(min(N_MAX, len(seq)), N_MIN - 1, -1))
-
-
-def _contexts(index: NGramRows, rows) -> Contexts:
-    """The rows' contexts, with each row's budget (a row without one: unbounded)."""
-    budgets = [getattr(getattr(r, "params", None), "max_tokens", None) for r in rows]
-    return Contexts(index, [len(r.prompt) for r in rows],
-                    [len(r.prompt) + m if m is not None else 1 << 62 for r, m in zip(rows, budgets)], [0] * len(rows))
+    def recurs(self, st: Context, emitted: list[int] | None = None) -> bool:
+        """Whether the request would draft from its context now: whether its last N_MIN..N_MAX
+        tokens occurred earlier in it. `emitted`: its output tokens so far (a request the control
+        has plain: gmlx/decode/scalar.py re-arms it for such a round), read into the sequence where
+        they run past it; None: the sequence as committed."""
+        if emitted is not None and (new := emitted[len(st.index.seq) - st.prompt:]):
+            st.index.seq.extend(new)
+            st.ahead += len(new)
+        seq = st.index.sync(N_MIN, N_MAX)
+        return any(tuple(seq[-n:]) in st.index.after for n in range(min(N_MAX, len(seq)), N_MIN - 1, -1))

@@ -123,7 +123,7 @@ class PredictionDrafter(Drafter):
     def start(self, rows, pres) -> PredictionRows:
         inner = self.inner.start(rows, pres) if self.inner is not None else None
         # (a one-row state only: the lone request's; a batch never drafts from its rows' contexts)
-        context = self.lookup.start(rows) if self.lookup is not None and len(rows) == 1 else None
+        context = self.lookup.start(rows[0]) if self.lookup is not None and len(rows) == 1 else None
         return self._state(inner, [alignment(r, list(getattr(r, "tokens", ()))) for r in rows], context)
 
     def capture(self, rows, hidden, targets) -> PredictionRows:
@@ -147,7 +147,7 @@ class PredictionDrafter(Drafter):
 
     def draft(self, st: PredictionRows, k: int, pick: DraftPick, target_cache: list) -> mx.array:
         if pick is not None and pick.context and st.context is not None and not st.any:
-            if own := self.lookup.propose(st.context, 0, pick.context):  # the lone request's context drafts this round
+            if own := self.lookup.propose(st.context, pick.context):  # the lone request's context drafts this round
                 st.lengths, st.inner_k, st.foreign = np.array([len(own)], dtype=np.int64), 0, True
                 return mx.array([own], dtype=mx.int32)
         if not st.any:  # nothing to add: exactly the inner drafter
@@ -200,7 +200,7 @@ class PredictionDrafter(Drafter):
         return st.foreign
 
     def context_recurs(self, st: PredictionRows, emitted: list[int] | None = None) -> bool:
-        return st.context is not None and not st.any and self.lookup.recurs(st.context, 0, emitted)
+        return st.context is not None and not st.any and self.lookup.recurs(st.context, emitted)
 
     def commit(self, st: PredictionRows, k: int, accepted: np.ndarray, hidden, targets) -> None:
         if self.inner is not None:
