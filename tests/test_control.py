@@ -16,7 +16,7 @@ from gmlx.policy.control import EXPLORE_FIRST, MIN_EVIDENCE, PLAIN_WINDOW, Accep
 from gmlx.policy.thresholds import LONE_MIN_EVIDENCE
 from gmlx.policy.width_control import EXPLORE_SOON
 from gmlx.policy.costs import Costs
-from gmlx.policy.figures import DECAY, LONE_PRIOR_ROUNDS, MIN_ROUNDS_TO_STOP
+from gmlx.policy.figures import DECAY, LONE_PRIOR_ROUNDS, MARGIN, MIN_ROUNDS_TO_STOP
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests: see conftest.lm
 COSTS = Costs(verify=(1.0, 1.1, 1.2, 1.3), draft=0.05)
@@ -1011,6 +1011,36 @@ def test_a_width_far_from_paying_explores_by_shadowing_again_unless_a_k_is_near_
         assert starts[1] - starts[0] >= 2 * EXPLORE_FIRST and len(stops) >= 2, said
     else:
         assert ks[-1] > 0 and ctl.last[4].exploring and "S." in said, (ks, said)
+
+
+@pytest.mark.parametrize("keepable", [True, False])
+def test_an_exploration_tries_no_k_that_could_not_stay(monkeypatch, keepable):
+    """thresholds.KEEPABLE_TRIES: a plain width whose rounds shadow explores (EXPLORE_FIRST plain rounds)
+    by a try only of a K whose hope (deeper drafts credited as always agreeing) reaches MARGIN, the gain a
+    try must show to stay. Here one draft in two agrees at width 2 (4 rows verify against 2 at 1.5x): K = 1
+    predicted 0.97x (over TRY_FIRST), K = 2 / 3 hoped 1.03x / 1.02x. Kept (the default) the width tries
+    nothing and starts its stopped shadows again; with the rule off it tries K = 1 at its 0.97x."""
+    monkeypatch.setattr(width_control, "KEEPABLE_TRIES", keepable)
+    costs = Costs(verify=(1.0, 1.1, 1.3, 1.3), draft=0.04,
+                  rows=((1, 1.0), (2, 1.0), (4, 1.5), (6, 1.85), (8, 2.3), (16, 3.2)))
+    ctl = fresh(costs)
+    far, c = [], None
+    for _ in range(EXPLORE_FIRST * 4):
+        c = ctl.choose(2, 3, shadowed=True)
+        if c.k:
+            break
+        far.append(ctl.far_from_paying(2))
+        feed(ctl, 2, 0, 0.01, accepted=0)
+        if not far[-1]:
+            ctl.shadowed(2, [(1, 1), (1, 0)])
+    wc, at2 = ctl.at(2), costs.at_width(2)
+    hopes = {k: wc.gain(k, at2, wc.acceptance, hope=True)[0] for k in (1, 2, 3)}
+    assert thresholds.TRY_FIRST <= c.best_spec[1] < MARGIN and max(hopes.values()) < MARGIN, (c, hopes)
+    said = "".join(".S"[not f] for f in far)
+    if keepable:
+        assert c.k == 0 and re.fullmatch(r"S+\.+S+\.+S+\.*", said), said  # shadows again, never a try
+    else:
+        assert c.k > 0 and c.exploring and "S." in said, (c, said)
 
 
 def test_a_new_engine_s_batch_starts_without_shadows_where_the_width_is_far_from_paying():

@@ -38,7 +38,8 @@ width since early dispatch made its K = 1 rounds cheap (LONE_TRY_WITHIN: there a
 the request's own estimate predicts it best).
 
 Keeping the estimates fresh at a bounded cost: a width decided plain tries speculation again
-after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
+(a width whose rounds shadow: only a K whose hope reaches MARGIN, one that could stay,
+thresholds.KEEPABLE_TRIES) after `explore_after` plain rounds there (64, doubling each time the try confirms plain, up to
 1024: at most ~10 % of rounds, then ~1 %; a confirmed try starts it over) — after EXPLORE_SOON
 (16) with no back-off while plain is in force only for want of certainty (the best K predicted
 MARGIN above plain, within Z standard errors: width_control.py); a width that speculates with

@@ -56,6 +56,12 @@ SHADOW_STOP = 1.05
 # simulated clock (sim_control.py, 48-token answers, c = 2) chat 0.953x -> 0.976x of plain. A K
 # predicted at least TRY_FIRST is still tried (the exploration as before).
 SHADOW_AGAIN = True
+# ... and where a width's rounds shadow, its exploration tries no K whose hope (its deeper drafts
+# credited as always agreeing) is under MARGIN: the shadows measure the acceptance a try would, the
+# width's round costs are measured, and a try that could not stay (it must pay MARGIN, surely) only
+# costs its rounds. Seen on SmolLM2 float32 at c = 2 (code, wall time, 2026-12-06): a width settled
+# plain at K = 1's 0.94x explored K = 3 on a hope of 1.02x, 6 rounds at 2.7 plain rounds each.
+KEEPABLE_TRIES = True
 MIN_EVIDENCE = 6  # rounds of a choice before the control may leave it (its figures must exist)
 # ... for the lone request: its shadow rounds (gmlx/decode/shadow.py) keep its acceptance current while
 # plain, and a plain stretch held 6 rounds where K = 1 (~1.10 plain rounds since early dispatch) pays at

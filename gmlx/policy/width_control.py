@@ -12,18 +12,18 @@ from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Z, Acceptance, Times, gain_doubt, surely_pays
 from gmlx.policy.pairs import PAIR_SPAN, Pairs
-from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, LONE_MIN_EVIDENCE,
-                                    LONE_POINT, LONE_TRY, LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO, PLAIN_CHECK_AFTER,
-                                    PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW, RETRY_AFTER, SHADOW_FIRST,
-                                    SHADOW_AGAIN, SHADOW_SPAN, SHADOW_STOP, TRY_FIRST, TRY_WITHIN)
+from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, KEEPABLE_TRIES,
+                                    LONE_MIN_EVIDENCE, LONE_POINT, LONE_TRY, LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO,
+                                    PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW,
+                                    RETRY_AFTER, SHADOW_FIRST, SHADOW_AGAIN, SHADOW_SPAN, SHADOW_STOP, TRY_FIRST,
+                                    TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
 
 def acceptance_doubt(acc: Acceptance) -> float:
-    """The relative standard error of a round's tokens from the acceptance's own count of drafts
-    (binomial, first position): a lone request sent plain with a gain this near 1 explores again
-    soon (EXPLORE_SOON; SmolLM2 chat drafts agree 0.12 of the time early, ~0.3 later)."""
+    """The relative standard error of a round's tokens from the acceptance's own count of drafts (binomial,
+    first position): a lone request sent plain with a gain this near 1 explores again soon (EXPLORE_SOON)."""
     n, a = acc.successes + acc.failures, acc.alpha
     return (a * (1.0 - a) / n) ** 0.5 / (1.0 + a) if n > 0 else 0.0
 
@@ -40,8 +40,7 @@ class WidthControl:
         self.plain, self.spec = plain, spec  # shared per target / per (target, drafter)
         self.acceptance = Acceptance()
         self.current: int | None = None  # the k in force (None: not decided yet)
-        self.rounds_in_choice = 0
-        self.rounds = 0  # rounds observed here
+        self.rounds_in_choice, self.rounds = 0, 0  # (rounds: observed here)
         self.plain_run = 0  # consecutive plain rounds while the choice is plain
         self.explore_after, self.shadows_from = EXPLORE_FIRST, 0  # (shadows_from: control.far_from_paying)
         self.spec_rounds = 0
@@ -98,10 +97,9 @@ class WidthControl:
         return (self.plain if k == 0 else self.spec).median(k)
 
     def ratio(self, k: int, costs: Costs, lone: bool = False) -> tuple[float | None, str]:
-        """T(k) / T(0) without the machine's drift, and where it comes from: "paired" (pairs.Pairs;
-        a k not paired itself from the nearest paired k, scaled by the two speculative medians or
-        the cost model), "probe" (the lone request before any pair: the load probe's costs, timed
-        back to back), or (None, "") — the two medians then (`times`)."""
+        """T(k) / T(0) without the machine's drift, and where it comes from: "paired" (pairs.Pairs; a k not
+        paired itself from the nearest paired k, scaled by the two speculative medians or the cost model),
+        "probe" (the lone request before any pair: the load probe's costs), or (None, "") — the medians then."""
         j = self.pairs.nearest(k)
         if j is not None:
             mj, mk = self.spec.median(j), self.spec.median(k)
@@ -113,9 +111,8 @@ class WidthControl:
 
     def gain(self, k: int, costs: Costs, acc: Acceptance, nearby: "WidthControl | None" = None,
              lone: bool = False, hope: bool = False) -> tuple[float, bool]:
-        """k's predicted gain over plain at acceptance `acc`, and whether its cost ratio is measured
-        here. `lone`: `acc` is one request's own (see `_seen`). `hope`: where k's tokens per round
-        are not measured, the most its deeper positions could accept (`Acceptance.emitted`)."""
+        """k's predicted gain over plain at acceptance `acc`, and whether its cost ratio is measured here.
+        `lone`: `acc` is one request's own (`_seen`). `hope`: the most its deeper positions could accept."""
         if k == 0:
             return 1.0, True
         r, src = self.ratio(k, costs, lone)
@@ -133,9 +130,9 @@ class WidthControl:
             return acc.emitted(k, hope) / costs.round_cost(k), False
         return (acc.emitted(k, hope) if hope else self._seen(k, acc, lone)) / max(r, MIN_RATIO), measured
 
-    def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None,
-               nearby: tuple | None = None, width: int = 0,
-               remaining: tuple[int, ...] = (), drain_share: float = 1.0, shadowed: bool = False) -> Choice:
+    def choose(self, max_k: int, costs: Costs, acceptance: Acceptance | None = None, nearby: tuple | None = None,
+               width: int = 0, remaining: tuple[int, ...] = (), drain_share: float = 1.0,
+               shadowed: bool = False) -> Choice:
         """The k to run now (0: plain), kept by hysteresis; the tries, exploration and plain window
         of the module's doc. `nearby`: (width, its control, its costs), the nearest timed width.
         `remaining`, `drain_share`: the drain charge's (policy/drain.py); a try needs room for its
@@ -189,10 +186,9 @@ class WidthControl:
                 and not trusted and room and not first_shadowed:
             best = best_spec  # nothing decided here yet and no clear loss predicted: measure it
         elif best == 0 and cur == 0 and best_spec and self.plain_run >= (EXPLORE_SOON if unsure else self.explore_after) \
-                and room and (not shadowed or gains[best_spec] >= TRY_FIRST):  # (SHADOW_FIRST: a try measures no more)
-            hopes = self._hopes(max_k, costs, acc, ratio, lone, drains)  # an untried K may be the one
-            best = self._retry(max(hopes, key=lambda k: (hopes[k], -k))) if hopes and max(hopes.values()) > \
-                gains[best_spec] else best_spec
+                and room and (not shadowed or gains[best_spec] >= TRY_FIRST) \
+                and (pick := self._explored(max_k, costs, acc, ratio, lone, drains, gains, best_spec, shadowed)):
+            best = self._retry(pick)
             if not unsure:
                 self.explore_after = min(EXPLORE_MAX, self.explore_after * 2)
             self.exploring = True
@@ -239,10 +235,17 @@ class WidthControl:
                 for k in range(1, max_k + 1) if len(self.spec.by_k.get(k, ())) < MIN_SAMPLES
                 or self.spec_rounds - self.last_run.get(k, 0) > RETRY_AFTER}
 
+    def _explored(self, max_k: int, costs: Costs, acc: Acceptance, nearby, lone: bool, drains: dict[int, float],
+                  gains: dict[int, float], best_spec: int, shadowed: bool) -> int:
+        """The K an exploration tries: an untried (or stale) one hoped above the best K's gain, else the best K;
+        none (0) where the width shadows and even its hope is under MARGIN (thresholds.KEEPABLE_TRIES)."""
+        hopes = self._hopes(max_k, costs, acc, nearby, lone, drains)  # an untried K may be the one
+        k = max(hopes, key=lambda j: (hopes[j], -j)) if hopes and max(hopes.values()) > gains[best_spec] else best_spec
+        return 0 if shadowed and KEEPABLE_TRIES and max(hopes.get(k, 0.0), gains[k]) < MARGIN else k
+
     def _neighbour_to_try(self, best: int, gains: dict[int, float], hopes: dict[int, float], within: float) -> int:
-        """The k nearest the best, untried, whose hope is `within` (TRY_WITHIN; LONE_TRY_WITHIN) of
-        the best and no loss: a few rounds measure it rather than trust the cost model or the
-        geometric model (a deep draft may agree more, or less, than the first)."""
+        """The k nearest the best, untried, whose hope is `within` (TRY_WITHIN; LONE_TRY_WITHIN) of the best and
+        no loss: a few rounds measure it rather than trust the models (a deep draft may agree more, or less)."""
         untried = [k for k, h in hopes.items() if k != best and h >= max(1.0, within * gains[best])]
         return self._retry(min(untried, key=lambda k: (abs(k - best), -k))) if untried else best
 
@@ -265,19 +268,17 @@ class WidthControl:
 
     def observe(self, k: int, seconds: float | None, rows: list[tuple[int, int]],
                 ratio_lent: Callable[[], bool] = lambda: False, steady: bool = True) -> None:
-        """A round ran at this width with k drafts (0: plain) in `seconds` (None: timed later, or
-        not a steady-state round, e.g. a capture round); `rows`: (drafted, accepted) per row.
-        `ratio_lent()`: whether another width has both times (asked only when the plain window
-        would start). `steady`: no admission or transition just before it — only such rounds count
-        in the tokens per round, as in the times (new rows' drafters have little history)."""
+        """A round ran at this width with k drafts (0: plain) in `seconds` (None: timed later, or not a
+        steady-state round, e.g. a capture round); `rows`: (drafted, accepted) per row. `ratio_lent()`:
+        whether another width has both times (asked only when the plain window would start). `steady`: no
+        admission or transition just before it — only such rounds count in the tokens per round."""
         if seconds is not None:
             self.add_time(k, seconds)
         if k and rows and steady:
             self.spec.add_tokens(k, sum(min(a, d) + 1 for d, a in rows) / len(rows))
         for drafted, accepted in rows:
             self.acceptance.record(drafted, accepted)
-        self.rounds_in_choice += 1
-        self.rounds += 1
+        self.rounds_in_choice, self.rounds = self.rounds_in_choice + 1, self.rounds + 1
         if k == 0:
             self.plain_run += 1
             self.plain_window = max(0, self.plain_window - 1)
@@ -288,10 +289,9 @@ class WidthControl:
             self.last_run[k] = self.spec_rounds
             self.since_pair += 1
             if self.plain_window == 0 and self.since_pair >= self.refresh_after:
-                # No pair for a while: a few plain rounds pair with the speculative ones around
-                # them. The first (nothing paired) is skipped where another width lends its ratio
-                # (a window costs a gate and a resume); then every REFRESH_FIRST rounds, doubling.
-                # None while the choice in force is predicted FAR above plain.
+                # No pair for a while: a few plain rounds pair with the speculative ones around them. The first
+                # (nothing paired) is skipped where another width lends its ratio (a window costs a gate and a
+                # resume); then every REFRESH_FIRST rounds, doubling. None while the choice is predicted FAR.
                 first = not self.pairs.paired()
                 self.plain_window = (0 if self.far or (first and ratio_lent()) else PLAIN_WINDOW if first
                                      else REFRESH_WINDOW)
