@@ -285,7 +285,8 @@ VARIANTS["untriedonly"] = [(width_control, "LONE_TRY_WITHIN", 1.0),
 VARIANTS["span8"] = [(width_control, "SHADOW_SPAN", 8)]  # a plain width's shadows stop after one replay's records
 # a plain width whose shadows stopped explores by a try, whatever K is predicted (before 2026-12-06 later)
 VARIANTS["noagain"] = [(width_control, "SHADOW_AGAIN", False)]
-VARIANTS["tryall"] = [(width_control, "KEEPABLE_TRIES", False)]  # explorations try a K hoped under MARGIN (before 2026-12-06 late)
+# a shadowing width's exploration tries a K hoped under MARGIN too (before 2026-12-06 late: thresholds.KEEPABLE_TRIES)
+VARIANTS["tryall"] = [(width_control, "KEEPABLE_TRIES", False)]
 VARIANTS["span12"] = [(width_control, "SHADOW_SPAN", 12)]
 VARIANTS["stay97"] = [(width_control, "STAY", 0.97)]  # speculation left only when predicted under 0.97x (every width)
 VARIANTS["stay90"] = [(width_control, "STAY", 0.90)]

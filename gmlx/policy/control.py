@@ -41,8 +41,9 @@ Keeping the estimates fresh at a bounded cost: a width decided plain tries specu
 (a width whose rounds shadow: only a K whose hope reaches MARGIN, one that could stay,
 thresholds.KEEPABLE_TRIES) after `explore_after` plain rounds there (64, doubling each time the
 try confirms plain, up to 1024: at most ~10 % of rounds, then ~1 %; a confirmed try starts it
-over) — after EXPLORE_SOON (16) with no back-off while plain is in force only for want of certainty (the best K predicted
-MARGIN above plain, within Z standard errors: width_control.py); a width that speculates with
+over) — after EXPLORE_SOON (16) with no back-off while plain is in force only for want of
+certainty (the best K predicted MARGIN above plain, within Z standard errors: width_control.py); a
+width that speculates with
 nothing paired runs PLAIN_WINDOW plain rounds after its first few speculative ones (unless
 another width lends its paired ratio: a window costs a gate and a resume, a large share of a
 short burst), and one that
