@@ -53,6 +53,18 @@ def lm(request, loaded_lm, lm_without_eos):
     return lm_without_eos if getattr(request.module, "LM_WITHOUT_EOS", False) else loaded_lm
 
 
+@pytest.fixture
+def clean(lm):
+    """No online-control figures from other tests' engines on this target: they are shared per process
+    (gmlx/policy/control.py), so a test whose engine runs the control starts from nothing learnt
+    whatever ran before it on the same worker, and leaves nothing behind."""
+    from gmlx.policy import control
+
+    control.forget(lm.target)
+    yield
+    control.forget(lm.target)
+
+
 @pytest.fixture(scope="session")
 def prompts(loaded_lm):
     from gmlx.data import load_prompts

@@ -151,7 +151,7 @@ def run_checked(lm, prompt: list[int], params, control: bool, monkeypatch) -> No
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["control-off", "control-on"])
-def test_streams_with_context_drafts_equal_plain(lm, proposals, monkeypatch, control):
+def test_streams_with_context_drafts_equal_plain(lm, proposals, monkeypatch, control, clean):
     run_checked(lm, lm.tokenizer.encode(REPEATING), P(40, seed=3), control, monkeypatch)
     assert any(proposals), "the repeated line recurs: the lookup drafted"
 
@@ -204,7 +204,7 @@ def test_recurs_reads_what_a_plain_request_emitted_and_its_commit_skips_it():
     assert not lk.recurs(st) and not lk.recurs(lk.start(row([5, 6, 1, 2, 5, 6])))
 
 
-def test_a_request_the_control_has_plain_re_arms_for_rounds_its_context_drafts(lm, proposals, monkeypatch):
+def test_a_request_the_control_has_plain_re_arms_for_rounds_its_context_drafts(lm, proposals, monkeypatch, clean):
     """After its first rounds the control says plain every time: the request decodes plain, keeps
     its drafter, and re-arms only where its context recurs (no other re-arm is asked for); those
     rounds draft from its context, and the stream is solo plain decoding's."""

@@ -540,14 +540,6 @@ def test_acceptance_decays_so_a_drafter_that_starts_agreeing_is_seen():
 
 
 # ---- the engine with the control on --------------------------------------------------------
-@pytest.fixture
-def clean(lm):
-    """No figures from other tests' engines on this target (they are shared per process)."""
-    control.forget(lm.target)
-    yield
-    control.forget(lm.target)
-
-
 def forced(monkeypatch, spec_cost: float):
     """Round times replaced: plain rounds 10 ms, speculative ones spec_cost x 10 ms."""
     real = speculation.Speculation.record_time

@@ -24,13 +24,6 @@ from gmlx.sampling import RowSampling
 LM_WITHOUT_EOS = True  # budgets alone end these requests
 
 
-@pytest.fixture
-def clean(lm):
-    control.forget(lm.target)
-    yield
-    control.forget(lm.target)
-
-
 def _lone(lm, prompt, params, monkeypatch, rearm: bool | str):
     """One lone request whose drafts lose (a round of drafts timed at 6 plain ones), the control
     unpinned: nothing paired, it drafts on the load probe's costs until the control's plain windows

@@ -115,13 +115,6 @@ def _sent_plain_with_no_agreement(lm, prompt, params, monkeypatch, shadows: bool
     return drafted[drafted.index(0, 1):]
 
 
-@pytest.fixture
-def clean(lm):
-    control.forget(lm.target)
-    yield
-    control.forget(lm.target)
-
-
 @pytest.mark.parametrize("params", [P(120), P(120, seed=5, t=0.7)], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("shadows", [True, False])
 def test_a_lone_request_sent_plain_re_arms_on_what_its_shadow_rounds_accept(lm, prompts, clean, monkeypatch,
