@@ -10,7 +10,7 @@ import pytest
 
 from engine_helpers import P, check_solo, drive
 from numerics import tie_margin
-from test_control import clean, forced, on  # noqa: F401  (clean: a fixture)
+from test_control import forced, on
 from gmlx.decode import batch_shadow
 from gmlx.decode.batch import BatchLoop
 from gmlx.decode.prefill import Prefiller, prefill_row
