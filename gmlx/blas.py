@@ -6,6 +6,14 @@ RTLD_GLOBAL, so that MLX's `sgemm_` resolves to it (results agree to fp32 roundi
 verify forward costs ~L times a decode step and speculation cannot pay. This module must be
 imported before anything imports `mlx.core`; `gmlx/__init__.py` does that first.
 
+OpenBLAS's idle workers spin for 2^28 cycles (~0.1 s) after each call before they sleep; they
+then hold cores that the next matmuls need: a plain batch round right after speculative ones
+(whose verify went to OpenBLAS, > 8 rows) ran ~1.4x its steady period for ~30 rounds (the
+embedded model at width 4, the small-M kernel's rounds), and a prefill slowed the plain rounds
+after it the same way. So unless the user set OPENBLAS_THREAD_TIMEOUT, it is set to 4 (OpenBLAS's
+floor: 2^4 cycles) before the library loads, and its workers sleep right after a job (its wake-up
+cost did not show in a verify's or a prefill's time: docs/cpu_kernel.md "OpenBLAS's idle workers").
+
 Opt out with GMLX_OPENBLAS=0. `active_blas()` reports what is in use; `warn_if_reference()`
 prints one line with the install command when only the reference BLAS is present; importing
 gmlx after `mlx.core` warns once (RuntimeWarning) instead, since only the import order can fix it.
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import platform
 import sys
 import warnings
@@ -29,6 +38,8 @@ _CANDIDATES = (
     "libopenblas.so",
 )
 INSTALL_HINT = "sudo apt-get install libopenblas0-pthread"
+
+THREAD_TIMEOUT = "4"  # OPENBLAS_THREAD_TIMEOUT unless the user set one (the module's doc)
 
 _state: dict[str, str | None] = {"blas": None, "path": None, "reason": None}
 _warned = False
@@ -55,6 +66,7 @@ def ensure_loaded() -> str:
         _state.update(blas="reference", reason="mlx.core was imported before gmlx")
         _warn_imported_first()
         return "reference"
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # read once, when the library loads
     for name in _CANDIDATES:
         try:
             blas = ctypes.CDLL(name)  # local first: the small-M kernel must precede it in the global scope
@@ -98,7 +110,8 @@ def active_blas() -> str:
     """A one-line description of the BLAS MLX's CPU matmuls use in this process."""
     blas = ensure_loaded()
     if blas == "OpenBLAS":
-        return f"OpenBLAS ({_state['path']}); {small_gemm.state()}"
+        timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+        return f"OpenBLAS ({_state['path']}, OPENBLAS_THREAD_TIMEOUT={timeout}); {small_gemm.state()}"
     if blas == "reference":
         return f"reference netlib BLAS ({_state['reason']})"
     return blas

@@ -154,6 +154,20 @@ def test_the_users_environment_runs_decode_matmuls_through_the_kernel_and_large_
     assert out.strip().splitlines()[-1] == "(1, 1)", out
 
 
+@pytest.mark.skipif(not LINUX, reason="OpenBLAS is loaded on Linux only")
+@pytest.mark.parametrize("given,expected", [(None, blas.THREAD_TIMEOUT), ("12", "12")])
+def test_openblas_loads_with_its_idle_workers_sleeping_after_a_job_unless_the_user_set_it(given, expected, tmp_path):
+    """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT once, when it loads: gmlx sets it (gmlx/blas.py's doc) before
+    that, and a value the user gave stays. (This process imported gmlx: its own value is dropped here.)"""
+    env = {k: v for k, v in _env(tmp_path).items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env |= {"OPENBLAS_THREAD_TIMEOUT": given} if given else {}
+    code = "import os, gmlx\nfrom gmlx import blas\nprint(blas.active_blas())\nprint(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    out = _run(code, env)
+    if "OpenBLAS" not in out:
+        pytest.skip(f"no OpenBLAS here: {out}")
+    assert out.strip().splitlines()[-1] == expected and f"OPENBLAS_THREAD_TIMEOUT={expected}" in out, out
+
+
 @pytest.mark.skipif(not LINUX, reason="the kernel is built on Linux only")
 @pytest.mark.parametrize("env,reason", [({"GMLX_SMALL_GEMM": "0"}, "GMLX_SMALL_GEMM=0"),
                                         ({"CC": "/nonexistent/cc"}, "could not build it")])
