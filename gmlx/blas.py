@@ -6,13 +6,14 @@ RTLD_GLOBAL, so that MLX's `sgemm_` resolves to it (results agree to fp32 roundi
 verify forward costs ~L times a decode step and speculation cannot pay. This module must be
 imported before anything imports `mlx.core`; `gmlx/__init__.py` does that first.
 
-OpenBLAS's idle workers spin for 2^28 cycles (~0.1 s) after each call before they sleep; they
-then hold cores that the next matmuls need: a plain batch round right after speculative ones
-(whose verify went to OpenBLAS, > 8 rows) ran ~1.4x its steady period for ~30 rounds (the
-embedded model at width 4, the small-M kernel's rounds), and a prefill slowed the plain rounds
-after it the same way. So unless the user set OPENBLAS_THREAD_TIMEOUT, it is set to 4 (OpenBLAS's
-floor: 2^4 cycles) before the library loads, and its workers sleep right after a job (its wake-up
-cost did not show in a verify's or a prefill's time: docs/cpu_kernel.md "OpenBLAS's idle workers").
+OpenBLAS's idle workers spin for 2^28 cycles (~0.13 s at 2.1 GHz) after each call before they
+sleep, holding cores that the next matmuls need: a plain batch round right after speculative ones
+(whose verify went to OpenBLAS, > 8 rows) ran ~1.3-1.45x its steady period (the embedded model at
+width 4: the small-M kernel's rounds), and a prefill slowed the plain rounds after it the same way.
+So unless the user set OPENBLAS_THREAD_TIMEOUT, it is set to 20 before the library loads: 2^20
+cycles (~0.5 ms here) outlast the gaps between one forward's matmuls (a sleeping worker's wake-up
+at every matmul cost a 16-row forward ~5 % at OpenBLAS's floor, 4) and end within a round.
+Measured: docs/cpu_kernel.md "OpenBLAS's idle workers held the cores after every call".
 
 Opt out with GMLX_OPENBLAS=0. `active_blas()` reports what is in use; `warn_if_reference()`
 prints one line with the install command when only the reference BLAS is present; importing
@@ -39,7 +40,7 @@ _CANDIDATES = (
 )
 INSTALL_HINT = "sudo apt-get install libopenblas0-pthread"
 
-THREAD_TIMEOUT = "4"  # OPENBLAS_THREAD_TIMEOUT unless the user set one (the module's doc)
+THREAD_TIMEOUT = "20"  # OPENBLAS_THREAD_TIMEOUT unless the user set one (the module's doc)
 
 _state: dict[str, str | None] = {"blas": None, "path": None, "reason": None}
 _warned = False
