@@ -129,9 +129,9 @@ def test_trim_leaves_every_layer_at_the_kept_prefix(lms, name):
             layer.trim(n)
         assert [layer.offset for layer in c] == [keep] * 4
         for a, b in zip(_rec_states(ref_c), _rec_states(c)):
-            assert_close(b, a, msg=f"state after trimming {n}")
+            assert_close(b, a, msg=f"state after trimming {n}", recurrent=True)
         nxt = mx.array([[777]], dtype=mx.int32)
-        assert_close(model(nxt, cache=c), model(nxt, cache=ref_c), msg=f"logits after trimming {n}")
+        assert_close(model(nxt, cache=c), model(nxt, cache=ref_c), msg=f"logits after trimming {n}", recurrent=True)
 
 
 @pytest.mark.parametrize("name", ["qn", "q35"])
