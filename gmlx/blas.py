@@ -42,7 +42,7 @@ INSTALL_HINT = "sudo apt-get install libopenblas0-pthread"
 
 THREAD_TIMEOUT = "20"  # OPENBLAS_THREAD_TIMEOUT unless the user set one (the module's doc)
 
-_state: dict[str, str | None] = {"blas": None, "path": None, "reason": None}
+_state: dict[str, str | None] = {"blas": None, "path": None, "reason": None, "timeout": None}
 _warned = False
 
 
@@ -67,7 +67,8 @@ def ensure_loaded() -> str:
         _state.update(blas="reference", reason="mlx.core was imported before gmlx")
         _warn_imported_first()
         return "reference"
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # read once, when the library loads
+    # read once, when the library loads: what it read is what active_blas() reports
+    _state["timeout"] = os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
     for name in _CANDIDATES:
         try:
             blas = ctypes.CDLL(name)  # local first: the small-M kernel must precede it in the global scope
@@ -111,8 +112,7 @@ def active_blas() -> str:
     """A one-line description of the BLAS MLX's CPU matmuls use in this process."""
     blas = ensure_loaded()
     if blas == "OpenBLAS":
-        timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
-        return f"OpenBLAS ({_state['path']}, OPENBLAS_THREAD_TIMEOUT={timeout}); {small_gemm.state()}"
+        return f"OpenBLAS ({_state['path']}, OPENBLAS_THREAD_TIMEOUT={_state['timeout']}); {small_gemm.state()}"
     if blas == "reference":
         return f"reference netlib BLAS ({_state['reason']})"
     return blas
