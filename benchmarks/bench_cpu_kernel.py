@@ -9,6 +9,10 @@ Parts (`--parts`):
 - smollm2: `bench_smollm2.py` (plain and the shipped head at width 1, code and chat prompts, greedy,
   float32 and 4-bit), tok/s per arm and the head's speedup over plain in the same process.
 
+`--against REV`: a third setting, the kernel of git revision REV (its tree checked out in a temporary
+worktree, whose gmlx the child processes import): a change to the kernel beside the kernel before it,
+alternating in the same run.
+
 Run: ``python benchmarks/bench_cpu_kernel.py --repeats 2`` (--parts matmul,forward,smollm2; --smollm2-args
 passes bench_smollm2.py's options). Writes bench_results/<utc>_cpu_kernel.json.
 """
@@ -70,20 +74,23 @@ print(json.dumps({"blas": blas.active_blas(), "ms": out}))
 """
 
 
-def child(code: str, arg: str, kernel: bool) -> dict:
-    env = {**os.environ, "GMLX_SMALL_GEMM": "1" if kernel else "0"}
-    out = subprocess.run([sys.executable, "-c", code, arg], env=env, capture_output=True, text=True, check=True)
+def child(code: str, arg: str, kernel: bool, root: Path = HERE.parent) -> dict:
+    """`code` in a process of its own, importing the gmlx of `root` (this tree, or --against's)."""
+    env = {**os.environ, "GMLX_SMALL_GEMM": "1" if kernel else "0",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code, arg], env=env, capture_output=True, text=True, check=True,
+                         cwd=root)  # (`-c` puts the working directory first on sys.path)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def smollm2(args: str, kernel: bool) -> dict:
+def smollm2(args: str, kernel: bool, root: Path = HERE.parent) -> dict:
     """bench_smollm2.py in a process of its own: per cell and prompt kind, plain's and the head's
     tok/s, the head's speedup in that process, and whether every stream was plain's tokens."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "GMLX_SMALL_GEMM": "1" if kernel else "0",
-               "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
-        subprocess.run([sys.executable, str(HERE / "bench_smollm2.py"), *args.split(), "--out", tmp], env=env,
-                       check=True, capture_output=True, text=True)
+               "PYTHONPATH": os.pathsep.join([str(root), str(root / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
+        subprocess.run([sys.executable, str(root / "benchmarks" / "bench_smollm2.py"), *args.split(), "--out", tmp],
+                       env=env, check=True, capture_output=True, text=True, cwd=root)
         result = json.loads(next(Path(tmp).glob("*_smollm2.json")).read_text())
     cells = {}
     for name, cell in result["cells"].items():
@@ -100,8 +107,22 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--smollm2-args", default="--dtypes float32,q --temps 0 --arms plain,mtp --max-tokens 64 "
                                               "--repeats 1 --code 2 --chat 2")
+    ap.add_argument("--against", metavar="REV", help="also the kernel of this git revision (a temporary worktree)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = [("openblas", False, HERE.parent), ("kernel", True, HERE.parent)]
+        if a.against:
+            subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", tmp, a.against], check=True)
+            settings.append((f"kernel@{a.against}", True, Path(tmp)))
+        try:
+            run(a, settings)
+        finally:
+            if a.against:
+                subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force", tmp], check=False)
+
+
+def run(a: argparse.Namespace, settings: list[tuple[str, bool, Path]]) -> None:
     sys.path.insert(0, str(HERE.parent))
     sys.path.insert(0, str(HERE))
     import gmlx  # noqa: F401  (OpenBLAS before mlx)
@@ -110,12 +131,11 @@ def main() -> None:
 
     runs: dict[str, list] = {}
     for rep in range(a.repeats):
-        for kernel in (False, True) if rep % 2 == 0 else (True, False):  # alternating order
-            tag = "kernel" if kernel else "openblas"
+        for tag, kernel, root in settings if rep % 2 == 0 else settings[::-1]:  # alternating order
             for part in a.parts.split(","):
-                got = (child(MATMUL, json.dumps(ROWS), kernel) if part == "matmul" else
-                       child(FORWARD, json.dumps(TOKENS), kernel) if part == "forward" else
-                       smollm2(a.smollm2_args, kernel))
+                got = (child(MATMUL, json.dumps(ROWS), kernel, root) if part == "matmul" else
+                       child(FORWARD, json.dumps(TOKENS), kernel, root) if part == "forward" else
+                       smollm2(a.smollm2_args, kernel, root))
                 runs.setdefault(f"{part}/{tag}", []).append(got)
                 print(part, tag, json.dumps(got), flush=True)
     summary = {}

@@ -8,7 +8,7 @@ imported before anything imports `mlx.core`; `gmlx/__init__.py` does that first.
 
 OpenBLAS's idle workers spin for 2^28 cycles (~0.13 s at 2.1 GHz) after each call before they
 sleep, holding cores that the next matmuls need: a plain batch round right after speculative ones
-(whose verify went to OpenBLAS, > 8 rows) ran ~1.3-1.45x its steady period (the embedded model at
+(whose verify went to OpenBLAS: more rows than the small-M kernel takes) ran ~1.3-1.45x its steady period (the embedded model at
 width 4: the small-M kernel's rounds), and a prefill slowed the plain rounds after it the same way.
 So unless the user set OPENBLAS_THREAD_TIMEOUT, it is set to 20 before the library loads: 2^20
 cycles (~0.5 ms here) outlast the gaps between one forward's matmuls (a sleeping worker's wake-up

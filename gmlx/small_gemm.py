@@ -25,10 +25,12 @@ from gmlx.errors import ConfigError
 
 SOURCE = Path(__file__).parent / "native" / "small_gemm.c"
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-pthread")
-# Rows (tokens x batch rows) up to which the kernel runs: at 1 / 2 / 4 / 8 rows it took 0.53 / 0.49 /
-# 0.47 / 0.71 of OpenBLAS's time on 60 576 x 1536 weights here (bench_results/20261205T134913Z), and
-# with a limit of 16 SmolLM2's forward of 16 tokens ran slower than OpenBLAS's (docs/cpu_kernel.md).
-ROW_LIMIT = 8
+# Rows (tokens x batch rows) up to which the kernel runs. Since it prefetches the weights
+# (2026-12-07), SmolLM2's forward of 12 tokens took 0.69-0.70 of OpenBLAS's time, of 16 0.95-0.97,
+# of 24 0.97-0.99, of 32 1.18-1.24 (an Intel Xeon, OpenBLAS on its AVX-512 kernels); on an AMD EPYC
+# before the prefetch 12 tokens already ran faster through the kernel and 16 slower
+# (docs/cpu_kernel.md, "Prefetching the weights"): 12 is within both.
+ROW_LIMIT = 12
 BUILD_SECONDS = 120
 
 _state: dict = {"lib": None, "threads": 0, "reason": "not loaded"}

@@ -110,7 +110,7 @@ COMPILE = _on_off("GMLX_COMPILE", True, "the sampler, acceptance and assistant d
 EARLY_DISPATCH = Switch("GMLX_EARLY_DISPATCH", f"{_ON_OFF} (unset: on the CPU backend only)", None,
                         "a verify forward's layers start computing as they are built", _bool)
 OPENBLAS = _on_off("GMLX_OPENBLAS", True, "load OpenBLAS for MLX's CPU matmuls at `import gmlx` (Linux)")
-SMALL_GEMM = _on_off("GMLX_SMALL_GEMM", True, "gmlx's small-M sgemm takes MLX's CPU matmuls of <= 8 rows (Linux)")
+SMALL_GEMM = _on_off("GMLX_SMALL_GEMM", True, "gmlx's small-M sgemm takes MLX's CPU matmuls of <= 12 rows (Linux)")
 CACHE = Switch("GMLX_CACHE", "a directory", None, "where GGUF conversions go (default ~/.cache/gmlx)", _text)
 KEEP_MEASURED = _on_off("GMLX_KEEP_MEASURED", True, "load-time work (round costs, a quantized target's twin, its decode"
                         " path and check) kept in the cache across processes (gmlx/measured.py)")

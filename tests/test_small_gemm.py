@@ -150,7 +150,7 @@ def test_the_users_environment_runs_decode_matmuls_through_the_kernel_and_large_
     out = _run(code, _env(tmp_path))
     if "OpenBLAS" not in out:
         pytest.skip(f"no OpenBLAS here: {out}")
-    assert "small-M kernel for <= 8 rows" in out, out
+    assert f"small-M kernel for <= {small_gemm.ROW_LIMIT} rows" in out, out
     assert out.strip().splitlines()[-1] == "(1, 1)", out
 
 

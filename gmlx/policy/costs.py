@@ -12,7 +12,7 @@ ideal speedup over plain decoding is E(k) / (verify[k] + k * draft). k = 0 is pl
 
 At batch width w a round verifies w (k + 1) rows against a plain step's w, and a forward's cost
 is mostly its matmuls, whose cost by rows is not linear: on a CPU gmlx's small-M kernel takes up
-to 8 rows and OpenBLAS the rest (docs/cpu_kernel.md: a width-4 verify of K = 2 or 3, 12-16 rows,
+to 12 rows (8 before 2026-12-07) and OpenBLAS the rest (docs/cpu_kernel.md: a width-4 verify of K = 2 or 3, 12-16 rows,
 cost ~2.5 plain rounds where width 1's probe said 1.2-1.3). So the probe also times forwards of
 a few longer lengths, `rows` (n tokens -> t(n) / t(1)), and width w's costs are read off them:
     verify_w[k] = t(w (k + 1)) / t(w)
