@@ -9,9 +9,9 @@ Parts (`--parts`):
 - smollm2: `bench_smollm2.py` (plain and the shipped head at width 1, code and chat prompts, greedy,
   float32 and 4-bit), tok/s per arm and the head's speedup over plain in the same process.
 
-`--against REV`: a third setting, the kernel of git revision REV (its tree checked out in a temporary
-worktree, whose gmlx the child processes import): a change to the kernel beside the kernel before it,
-alternating in the same run.
+`--against REV`: two more settings, git revision REV's gmlx with and without its kernel (its tree
+checked out in a temporary worktree, whose gmlx the child processes import): a change to the kernel,
+or to how OpenBLAS is loaded, beside what was there before, alternating in the same run.
 
 Run: ``python benchmarks/bench_cpu_kernel.py --repeats 2`` (--parts matmul,forward,smollm2; --smollm2-args
 passes bench_smollm2.py's options). Writes bench_results/<utc>_cpu_kernel.json.
@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
-TOKENS = (1, 2, 3, 4, 8)
+ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+TOKENS = (1, 2, 3, 4, 8, 12, 16, 32, 128)
 
 MATMUL = """
 import gmlx, json, sys, time, numpy as np, mlx.core as mx
@@ -74,9 +74,17 @@ print(json.dumps({"blas": blas.active_blas(), "ms": out}))
 """
 
 
+def users_environment() -> dict:
+    """This environment without what gmlx set for OpenBLAS here: each child's gmlx (this tree's or
+    --against's) chooses for itself, as in a user's process."""
+    from gmlx import blas
+
+    return {k: v for k, v in os.environ.items() if k not in blas.variables_set()}
+
+
 def child(code: str, arg: str, kernel: bool, root: Path = HERE.parent) -> dict:
     """`code` in a process of its own, importing the gmlx of `root` (this tree, or --against's)."""
-    env = {**os.environ, "GMLX_SMALL_GEMM": "1" if kernel else "0",
+    env = {**users_environment(), "GMLX_SMALL_GEMM": "1" if kernel else "0",
            "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code, arg], env=env, capture_output=True, text=True, check=True,
                          cwd=root)  # (`-c` puts the working directory first on sys.path)
@@ -87,7 +95,7 @@ def smollm2(args: str, kernel: bool, root: Path = HERE.parent) -> dict:
     """bench_smollm2.py in a process of its own: per cell and prompt kind, plain's and the head's
     tok/s, the head's speedup in that process, and whether every stream was plain's tokens."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "GMLX_SMALL_GEMM": "1" if kernel else "0",
+        env = {**users_environment(), "GMLX_SMALL_GEMM": "1" if kernel else "0",
                "PYTHONPATH": os.pathsep.join([str(root), str(root / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
         subprocess.run([sys.executable, str(root / "benchmarks" / "bench_smollm2.py"), *args.split(), "--out", tmp],
                        env=env, check=True, capture_output=True, text=True, cwd=root)
@@ -114,7 +122,7 @@ def main() -> None:
         settings = [("openblas", False, HERE.parent), ("kernel", True, HERE.parent)]
         if a.against:
             subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", tmp, a.against], check=True)
-            settings.append((f"kernel@{a.against}", True, Path(tmp)))
+            settings += [(f"openblas@{a.against}", False, Path(tmp)), (f"kernel@{a.against}", True, Path(tmp))]
         try:
             run(a, settings)
         finally:

@@ -29,7 +29,7 @@ import platform
 import sys
 import warnings
 
-from gmlx import small_gemm, switches
+from gmlx import openblas_core, small_gemm, switches
 from gmlx.errors import ConfigError
 
 _CANDIDATES = (
@@ -42,7 +42,7 @@ INSTALL_HINT = "sudo apt-get install libopenblas0-pthread"
 
 THREAD_TIMEOUT = "20"  # OPENBLAS_THREAD_TIMEOUT unless the user set one (the module's doc)
 
-_state: dict[str, str | None] = {"blas": None, "path": None, "reason": None, "timeout": None}
+_state: dict = {"blas": None, "path": None, "reason": None, "timeout": None, "core": None, "set": ()}
 _warned = False
 
 
@@ -68,7 +68,11 @@ def ensure_loaded() -> str:
         _warn_imported_first()
         return "reference"
     # read once, when the library loads: what it read is what active_blas() reports
+    users_timeout = "OPENBLAS_THREAD_TIMEOUT" in os.environ
     _state["timeout"] = os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+    why_core = openblas_core.prepare(_CANDIDATES)  # its kernels, where it would take this CPU for an old one
+    _state["set"] = ((() if users_timeout else ("OPENBLAS_THREAD_TIMEOUT",))
+                    + (("OPENBLAS_CORETYPE",) if why_core else ()))
     for name in _CANDIDATES:
         try:
             blas = ctypes.CDLL(name)  # local first: the small-M kernel must precede it in the global scope
@@ -76,10 +80,20 @@ def ensure_loaded() -> str:
             continue
         small_gemm.load(blas)
         ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-        _state.update(blas="OpenBLAS", path=name, reason=None)
+        _state.update(blas="OpenBLAS", path=name, reason=None, core=_core(blas, why_core))
         return "OpenBLAS"
     _state.update(blas="reference", reason="libopenblas.so.0 not found")
     return "reference"
+
+
+def _core(blas: ctypes.CDLL, why: str | None) -> str:
+    """The kernels the loaded library runs (its core type), and why when gmlx chose them."""
+    try:
+        blas.openblas_get_corename.restype = ctypes.c_char_p
+        core = blas.openblas_get_corename().decode()
+    except (AttributeError, UnicodeDecodeError):
+        return "core unknown"
+    return f"core {core}" + (f" ({why})" if why else "")
 
 
 def _warn_imported_first() -> None:
@@ -112,10 +126,17 @@ def active_blas() -> str:
     """A one-line description of the BLAS MLX's CPU matmuls use in this process."""
     blas = ensure_loaded()
     if blas == "OpenBLAS":
-        return f"OpenBLAS ({_state['path']}, OPENBLAS_THREAD_TIMEOUT={_state['timeout']}); {small_gemm.state()}"
+        return (f"OpenBLAS ({_state['path']}, {_state['core']}, OPENBLAS_THREAD_TIMEOUT={_state['timeout']});"
+                f" {small_gemm.state()}")
     if blas == "reference":
         return f"reference netlib BLAS ({_state['reason']})"
     return blas
+
+
+def variables_set() -> tuple[str, ...]:
+    """The environment variables gmlx set for OpenBLAS in this process (a user's are never among
+    them): a child process inherits them, and one that should choose as a user's would drops them."""
+    return _state["set"]
 
 
 def is_fast() -> bool:

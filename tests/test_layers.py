@@ -5,7 +5,7 @@ Every module's imports are read with `ast` (those inside functions and under TYP
 a lazy import is still a dependency). A module may import its own layer or a lower one; the
 layers, lowest first (docs/design.md §4):
 
-    foundations   errors, switches, finish, timing, atomic_file, measured, compiled, small_gemm, blas, machine, config, data (prompts), weights
+    foundations   errors, switches, finish, timing, atomic_file, measured, compiled, small_gemm, openblas_core, blas, machine, config, data (prompts), weights
     pieces        recurrent (and its journal), processors, sampling, kv, model_cache, prompt_cache,
                   request_stats, row, trace
     models        the target: adapter, family, checkpoint, dequantized, gated_delta, forward
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gmlx"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "switches", "finish", "timing", "atomic_file", "measured", "compiled", "small_gemm", "blas", "machine", "config", "data", "weights"),
+    ("errors", "switches", "finish", "timing", "atomic_file", "measured", "compiled", "small_gemm", "openblas_core", "blas", "machine", "config", "data", "weights"),
     ("recurrent", "recurrent_journal", "processors", "sampling", "kv", "model_cache", "prompt_cache",
      "request_stats", "row", "trace"),
     ("models",),

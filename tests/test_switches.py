@@ -96,7 +96,8 @@ def _product_sources() -> list[Path]:
 
 
 # Variables that are not gmlx switches, which a line touching the environment may name.
-OTHER_VARIABLES = {"MLX_HOSTFILE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HOME", "CC", "OPENBLAS_THREAD_TIMEOUT"}
+OTHER_VARIABLES = {"MLX_HOSTFILE", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HOME", "CC", "OPENBLAS_THREAD_TIMEOUT",
+                   "OPENBLAS_CORETYPE"}
 
 
 def test_no_module_but_switches_reads_the_environment():

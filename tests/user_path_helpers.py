@@ -101,9 +101,12 @@ def with_options(words: list[str], **options) -> list[str]:
 
 
 def user_env(home: Path, **extra: str) -> dict[str, str]:
-    """os.environ without the suite's pinning, HOME and the XDG config/cache dirs under `home`,
-    and the venv's bin first on PATH (an activated venv)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PINNED)}
+    """os.environ without the suite's pinning and the OpenBLAS variables gmlx set in this process (the
+    user's process sets its own), HOME and the XDG config/cache dirs under `home`, and the venv's bin
+    first on PATH (an activated venv)."""
+    from gmlx import blas
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PINNED) and k not in blas.variables_set()}
     env |= {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache"),
             "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "VIRTUAL_ENV": str(BIN.parent)}
     return env | extra
