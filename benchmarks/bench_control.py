@@ -4,7 +4,9 @@ K = 1, 2, 3 at every width (the best fixed setting is the best of plain, static 
 concurrency c = 1, 2, 4, 8, per model. Closed loop: c requests in flight until all are done;
 aggregate tokens/s = tokens / (last end - first submit); arms interleaved per repeat, the order
 alternating; ratios are medians of per-repeat ratios. No calibration: no user config, and the
-arms share this process's learnt figures exactly as a long-running server would.
+arms share this process's learnt figures exactly as a long-running server would. `plain_again`
+(`--arms plain,plain_again,default`) runs plain a second time as its own arm: its ratio to plain per
+repeat is how far two identical arms fall apart on this machine (an A/A test), beside default / plain.
 
 Run: ``python benchmarks/bench_control.py --models default,smollm2-f32,smollm2-q --concurrency 1,2,4,8``
 Writes bench_results/<utc>_control.json and .md.
@@ -31,6 +33,9 @@ from common import closed_loop as run_closed_loop, command_line, write_result
 
 ARMS = {
     "plain": (EngineConfig(speculative=False), Switches(control=False)),
+    # plain again, as its own arm: the ratio of two identical arms is this machine's noise on the cell
+    # (an A/A test), the yardstick for "default / plain" beside it
+    "plain_again": (EngineConfig(speculative=False), Switches(control=False)),
     "default": (EngineConfig(), Switches(control=True)),
     "static": (EngineConfig(), Switches(control=False)),
     # fixed settings: K drafts every round at every width (uncapped, control off). With plain and
@@ -38,7 +43,8 @@ ARMS = {
     # at a concurrency is at least as good as the setting sweep-cap would write for that width.
     **{f"k{k}": (EngineConfig(num_draft_tokens=k, width_cap=0), Switches(control=False)) for k in (1, 2, 3)},
 }
-FIXED = [arm for arm in ARMS if arm != "default"]
+FIXED = [arm for arm in ARMS if arm not in ("default", "plain_again")]
+TOK = "tok_s"
 
 
 def model(name: str):
@@ -102,6 +108,9 @@ def main() -> None:
                     "default_vs_plain": statistics.median(d["tok_s"] / p["tok_s"] for d, p in zip(reps["default"], reps["plain"])),
                     "static_vs_plain": statistics.median(s["tok_s"] / p["tok_s"] for s, p in zip(reps["static"], reps["plain"]))
                     if "static" in reps else None,
+                    # the A/A ratios per repeat: how far two identical arms fall apart here
+                    "plain_again_vs_plain": [a["tok_s"] / p["tok_s"] for a, p in zip(reps["plain_again"], reps["plain"])]
+                    if "plain_again" in reps else None,
                     # the best fixed arm is the one with the best median; the ratio is the median of
                     # per-repeat ratios to it (the max over five noisy arms per repeat would be biased)
                     "best_fixed": (best := max(fixed, key=lambda arm: statistics.median(r["tok_s"] for r in reps[arm]))),
@@ -115,14 +124,17 @@ def main() -> None:
                   f" {cell['default_vs_best_fixed']:.2f} ({best})", flush=True)
     path = write_result(a.out, "control", result)
     lines = ["| model | c | plain tok/s | default tok/s | static tok/s | k1 / k2 / k3 tok/s | best fixed | default/plain"
-             " | static/plain | default/best fixed | default's rounds drafting, per repeat |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             " | static/plain | default/best fixed | default's rounds drafting, per repeat | default / plain, per repeat"
+             " | plain again / plain, per repeat (A/A) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in result["cells"]:
         ks = " / ".join(f"{x[f'k{k}_tok_s']:.1f}" if f"k{k}_tok_s" in x else "-" for k in (1, 2, 3))
         static = (f"{x['static_tok_s']:.1f}", f"{x['static_vs_plain']:.2f}") if "static" in arms else ("-", "-")
         lines.append(f"| {x['model']} | {x['c']} | {x['plain_tok_s']:.1f} | {x['default_tok_s']:.1f} | {static[0]}"
                      f" | {ks} | {x['best_fixed']} | {x['default_vs_plain']:.2f} | {static[1]}"
-                     f" | {x['default_vs_best_fixed']:.2f} | {' '.join(f'{v:.0%}' for v in x['default_spec_share'])} |")
+                     f" | {x['default_vs_best_fixed']:.2f} | {' '.join(f'{v:.0%}' for v in x['default_spec_share'])}"
+                     f" | {' '.join(f'{d[TOK] / p[TOK]:.2f}' for d, p in zip(x['reps']['default'], x['reps']['plain']))}"
+                     f" | {' '.join(f'{v:.2f}' for v in x['plain_again_vs_plain'] or [])} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
