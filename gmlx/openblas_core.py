@@ -99,7 +99,7 @@ def detected(candidates: tuple[str, ...]) -> dict | None:
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     try:
         done = subprocess.run([sys.executable, "-S", "-E", "-c", _PROBE, json.dumps(candidates)], env=env,
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=10)
         got = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None  # no child, or no library: the loader says what is missing
