@@ -8,12 +8,15 @@ imported before anything imports `mlx.core`; `gmlx/__init__.py` does that first.
 
 OpenBLAS's idle workers spin for 2^28 cycles (~0.13 s at 2.1 GHz) after each call before they
 sleep, holding cores that the next matmuls need: a plain batch round right after speculative ones
-(whose verify went to OpenBLAS: more rows than the small-M kernel takes) ran ~1.3-1.45x its steady period (the embedded model at
-width 4: the small-M kernel's rounds), and a prefill slowed the plain rounds after it the same way.
+(whose verify went to OpenBLAS: more rows than the small-M kernel takes) ran ~1.3-1.45x its steady
+period (the embedded model at width 4: the small-M kernel's rounds), and a prefill slowed the plain
+rounds after it the same way.
 So unless the user set OPENBLAS_THREAD_TIMEOUT, it is set to 20 before the library loads: 2^20
 cycles (~0.5 ms here) outlast the gaps between one forward's matmuls (a sleeping worker's wake-up
 at every matmul cost a 16-row forward ~5 % at OpenBLAS's floor, 4) and end within a round.
-Measured: docs/cpu_kernel.md "OpenBLAS's idle workers held the cores after every call".
+Measured: docs/cpu_kernel.md "OpenBLAS's idle workers held the cores after every call". And where
+the library would take the CPU for a Prescott (an OpenBLAS older than the CPU), OPENBLAS_CORETYPE is
+set to the kernels the CPU runs before it loads, unless the user set one (gmlx/openblas_core.py).
 
 Opt out with GMLX_OPENBLAS=0. `active_blas()` reports what is in use; `warn_if_reference()`
 prints one line with the install command when only the reference BLAS is present; importing
