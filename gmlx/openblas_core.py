@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gmlx import switches
+from gmlx import small_gemm, switches
 from gmlx.atomic_file import write_atomic
 
 FALLBACK = "Prescott"  # what DYNAMIC_ARCH loads for an x86-64 CPU it does not know
@@ -69,14 +69,6 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def _cpu_identity() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    return "\n".join(dict.fromkeys(ln for ln in lines if ln.split(":")[0].strip() in ("model name", "model", "flags")))
-
-
 def _file_identity(path: str) -> list | None:
     try:
         st = os.stat(path)
@@ -88,7 +80,7 @@ def _file_identity(path: str) -> list | None:
 def detected(candidates: tuple[str, ...]) -> dict | None:
     """What the library loads as with no OPENBLAS_CORETYPE: {"name", "path", "core"}, from the cache
     when the same library file was asked on this CPU, else from a child process (then kept)."""
-    key = hashlib.sha256(json.dumps([candidates, _cpu_identity()]).encode()).hexdigest()[:24]
+    key = hashlib.sha256(json.dumps([candidates, small_gemm.cpu_identity()]).encode()).hexdigest()[:24]
     cached = switches.cache_root() / "openblas_core" / f"{key}.json"
     try:
         got = json.loads(cached.read_text())

@@ -43,9 +43,9 @@ def _enabled() -> bool:
         return True
 
 
-def _cpu() -> str:
+def cpu_identity() -> str:
     """What -march=native compiles for: the CPU's model and flags (a cache shared across machines
-    must not hand one machine's instructions to another)."""
+    must not hand one machine's instructions to another; gmlx/openblas_core.py keys its answers by it too)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -65,7 +65,7 @@ def build() -> tuple[Path | None, str]:
         return None, "no C compiler (cc) to build it"
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(FLAGS).encode(), platform.machine().encode(),
-                                     _cpu().encode()])).hexdigest()[:16]
+                                     cpu_identity().encode()])).hexdigest()[:16]
     out = _cache_dir() / f"small_gemm-{key}.so"
     if out.is_file():
         return out, ""

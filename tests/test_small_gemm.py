@@ -206,7 +206,7 @@ def test_the_build_is_cached_per_source_and_cpu(tmp_path, monkeypatch):
     built = path.stat().st_mtime_ns
     again, _ = small_gemm.build()
     assert again == path and again.stat().st_mtime_ns == built  # not built again
-    monkeypatch.setattr(small_gemm, "_cpu", lambda: "another CPU")
+    monkeypatch.setattr(small_gemm, "cpu_identity", lambda: "another CPU")
     other, _ = small_gemm.build()
     assert other is not None and other != path
 
