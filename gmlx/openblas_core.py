@@ -32,7 +32,6 @@ FALLBACK = "Prescott"  # what DYNAMIC_ARCH loads for an x86-64 CPU it does not k
 CORES = (("SkylakeX", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
          ("Haswell", {"avx2", "fma"}),
          ("Sandybridge", {"avx"}))
-VARIABLE = "OPENBLAS_CORETYPE"
 
 # The child: load the first candidate that loads, say its name, file and core. Run with -S -E (no
 # site, no PYTHON* variables): only ctypes, and no gmlx import (that would load OpenBLAS itself).

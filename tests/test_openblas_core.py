@@ -14,6 +14,7 @@ from gmlx import blas, openblas_core
 from user_path_helpers import user_env
 
 LINUX_X86 = sys.platform == "linux" and os.uname().machine == "x86_64"
+VARIABLE = "OPENBLAS_CORETYPE"
 AVX512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma", "avx"}
 
 
@@ -41,7 +42,7 @@ class Child:
         self.calls += 1
         if self.core is None:
             raise AssertionError("the child must not run")
-        assert openblas_core.VARIABLE not in env  # the library's own choice is what is asked
+        assert VARIABLE not in env  # the library's own choice is what is asked
         out = json.dumps({"name": "libopenblas.so.0", "path": self.path, "core": self.core})
         return subprocess.CompletedProcess(args, 0, stdout=out + "\n", stderr="")
 
@@ -49,7 +50,7 @@ class Child:
 @pytest.fixture
 def child(monkeypatch, tmp_path):
     monkeypatch.setenv("GMLX_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(openblas_core.VARIABLE, raising=False)
+    monkeypatch.delenv(VARIABLE, raising=False)
     lib = tmp_path / "libopenblas.so.0"
     lib.write_bytes(b"0")
 
@@ -79,23 +80,23 @@ def test_prepare_sets_the_variable_before_the_library_loads(child, monkeypatch, 
     make(core)
     monkeypatch.setattr(openblas_core, "cpu_flags", lambda: flags)
     why = openblas_core.prepare(("libopenblas.so.0",))
-    assert os.environ.get(openblas_core.VARIABLE) == expected
+    assert os.environ.get(VARIABLE) == expected
     assert (why is not None) == (expected is not None)
 
 
 def test_a_users_core_type_is_left_alone_and_nothing_is_asked(child, monkeypatch):
     make, _ = child
     make(None)
-    monkeypatch.setenv(openblas_core.VARIABLE, "Prescott")
+    monkeypatch.setenv(VARIABLE, "Prescott")
     assert openblas_core.prepare(("libopenblas.so.0",)) is None
-    assert os.environ[openblas_core.VARIABLE] == "Prescott"
+    assert os.environ[VARIABLE] == "Prescott"
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the choice is made on x86-64 Linux only")
 def test_the_users_process_runs_the_kernels_its_cpu_runs_and_says_which(tmp_path):
     """A fresh process in the user's environment: the core active_blas() names is the library's own
     choice, or (where that was Prescott on a CPU that runs better kernels) the one gmlx set, said so."""
-    env = {k: v for k, v in user_env(tmp_path).items() if k != openblas_core.VARIABLE}
+    env = {k: v for k, v in user_env(tmp_path).items() if k != VARIABLE}
     own = subprocess.run([sys.executable, "-S", "-E", "-c", openblas_core._PROBE, json.dumps(["libopenblas.so.0"])],
                          env=env, capture_output=True, text=True, timeout=60).stdout.strip()
     if not own:
@@ -112,4 +113,4 @@ def test_the_users_process_runs_the_kernels_its_cpu_runs_and_says_which(tmp_path
         assert f"core {chosen} (set by gmlx: the library took this CPU for a Prescott)" in said, said
         assert variable == chosen
     # ... and what this process set is what a child it starts must not take for the user's choice
-    assert set(blas.variables_set()) <= {"OPENBLAS_THREAD_TIMEOUT", openblas_core.VARIABLE}
+    assert set(blas.variables_set()) <= {"OPENBLAS_THREAD_TIMEOUT", VARIABLE}
