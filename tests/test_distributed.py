@@ -127,8 +127,9 @@ def _wait_for_line(pair: Pair, want: str) -> None:
         ready, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
         line = out.readline() if ready else ""
         if not line:
-            pair.kill()
-            raise AssertionError(f"rank 0 never printed {want!r}: {pair.procs[0].stderr.read()[-3000:]}")
+            pair.kill()  # (rank 1's words too: when it ended first, rank 0's only say that it did)
+            raise AssertionError(f"rank 0 never printed {want!r}: {pair.procs[0].stderr.read()[-3000:]}\n"
+                                 f"rank 1 (exit {pair.procs[1].returncode}): {pair.procs[1].stderr.read()[-3000:]}")
         pair.lines.append(line.strip())
 
 
