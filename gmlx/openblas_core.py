@@ -59,13 +59,9 @@ def core_for(detected: str | None, flags: set[str]) -> str | None:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.split(":")[0].strip() == "flags":
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    """The CPU's flags, from the identity the kernel's build is keyed by (its /proc/cpuinfo lines)."""
+    line = next((ln for ln in small_gemm.cpu_identity().splitlines() if ln.split(":")[0].strip() == "flags"), "")
+    return set(line.split(":", 1)[1].split()) if ":" in line else set()
 
 
 def _file_identity(path: str) -> list | None:
