@@ -9,7 +9,8 @@ mlx-lm's own speculative decoding (`speculative_generate_step`, the same draft a
 (mlx-lm decodes one request at a time). SmolLM2-135M has no smaller model in its family here.
 
 Every arm but `default` runs uncapped with GMLX_CONTROL=0 (the drafter's K every round, at every
-width) — the drafter's own figure; `default` is the engine as shipped. Aggregate tokens/s =
+width) — the drafter's own figure; `default` is the engine as shipped; `plain_again` (only when
+named) is plain a second time, an A/A test whose ratio is the noise the others read against. Aggregate tokens/s =
 tokens / wall time from submit to the last token (prefill included), median of interleaved
 repeats (the arm order alternates); speedups are medians of per-repeat ratios to plain, of that
 rate and ("decode") of the decode after each request's first token, what `gmlx generate` reports
@@ -51,6 +52,9 @@ CHAT_ASKS = ["Explain how vaccines train the immune system.", "What are the bene
 FIXED = dict(width_cap=0, prompt_cache_bytes=0)
 ARMS = {  # name: (EngineConfig, Switches, uses the previous answer as prediction)
     "plain": (EngineConfig(speculative=False, **FIXED), Switches(control=False), False),
+    # plain a second time as its own arm (an A/A test, asked for by name: `--arms ...,plain_again`): its
+    # ratio to plain is this machine's noise on the cell's repeats, beside which the other arms' read
+    "plain_again": (EngineConfig(speculative=False, **FIXED), Switches(control=False), False),
     "chain": (EngineConfig(drafter="mtp", **FIXED), Switches(control=False), False),
     "tree": (EngineConfig(drafter="mtp", **FIXED), Switches(control=False, tree=True), False),
     "ngram": (EngineConfig(drafter="ngram", **FIXED), Switches(control=False), False),
@@ -107,7 +111,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--arms", default=",".join([*ARMS, "mlx_lm"]), help="arms to run (plain always runs)")
+    ap.add_argument("--arms", default=",".join([*(a for a in ARMS if a != "plain_again"), "mlx_lm"]),
+                    help="arms to run (plain always runs; plain_again only when named)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     cs = [int(x) for x in a.concurrency.split(",")]

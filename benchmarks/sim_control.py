@@ -103,7 +103,15 @@ OPENBLAS = {"smollm2-f32": ({1: 63.0, 2: 69.0, 4: 79.0, 8: 105.0},
                           {1: {1: 1.25, 2: 1.39, 3: 1.50}, 2: {1: 1.28, 2: 1.41, 3: 1.48},
                            4: {1: 1.16, 2: 1.55, 3: 1.54}, 8: {1: 1.25, 2: 1.60, 3: 1.70}},
                           Costs(verify=(1.0, 1.20, 1.33, 1.45), draft=0.02, source="measured (simulated)"))}
-TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-f32-noearly": (*NOEARLY, PROBE_NOEARLY),
+# The Intel Xeon of 2026-12-07 (family 6 model 207, 2 cores; the kernel prefetching, 12 rows, OpenBLAS on SkylakeX):
+# `--measure 1,2,4` on a quiet machine (4 interleaved repeats); the probe is the one the engine measured at load and
+# kept (gmlx/measured.py, SmolLM2 float32 with its EAGLE-3 head); width 8 as above, extrapolated.
+XEON = ({1: 25.7, 2: 28.6, 4: 35.9, 8: 58.0},
+        {1: {1: 1.181, 2: 1.382, 3: 1.544}, 2: {1: 1.326, 2: 1.744, 3: 2.063}, 4: {1: 1.622, 2: 2.171, 3: 2.976},
+         8: {1: 2.40, 2: 3.00, 3: 3.40}},
+        Costs(verify=(1.0, 1.07, 1.196, 1.30), draft=0.048, source="measured (simulated)",
+              rows=((1, 1.0), (2, 1.07), (3, 1.196), (4, 1.30), (6, 1.68), (8, 1.93), (12, 2.57), (16, 3.50))))
+TABLES = {"smollm2-f32": (PLAIN, RATIO, PROBE), "smollm2-f32-xeon": XEON, "smollm2-f32-noearly": (*NOEARLY, PROBE_NOEARLY),
           "smollm2-f32-unfused": (*UNFUSED, PROBE_NOEARLY), "smollm2-q": Q_TABLE} | {f"{m}-openblas": t
                                                                                      for m, t in OPENBLAS.items()}
 # a gated batch's plain round with shadow rounds (gmlx/decode/batch_shadow.py): 0.99-1.02x of one
