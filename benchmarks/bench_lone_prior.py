@@ -32,6 +32,8 @@ Variants (`--variants`):
 - nolookup: the lone request never drafts from its own context (gmlx before
   gmlx/drafters/context_lookup.py, 2026-12-06 late); speconly: only while the control has it
   speculate (a request it has plain re-arms for no context round).
+- nosteady: the lone request's cost ratios from the periods next to a plain / speculative boundary alone
+  (gmlx before gmlx/policy/pairs.py's steady samples, 2026-12-07).
 - off: the default drafter with the control off (the scalar lane's own rule: K per round from
   the request's acceptance and the load probe's costs).
 - 2026-12-05: noshadow (no shadow rounds while plain: gmlx/decode/shadow.py), switchtimed (a scalar
@@ -143,6 +145,8 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     # a lone request sent plain at a gain near 1 waits out the back-off (64 plain rounds, doubling)
     # instead of exploring after EXPLORE_SOON (width_control.acceptance_doubt)
     "nosoon": ("no soon re-try", lambda: patch.object(width_control, "acceptance_doubt", lambda acc: 0.0)),
+    # the lone request's cost ratios from boundary pairs alone, no steady samples (gmlx before 2026-12-07)
+    "nosteady": ("boundary pairs only", lambda: patch.object(width_control, "STEADY_PAIRS", False)),
     # a lone request sent plain keeps no shadow rounds: its acceptance is the one it had when it
     # went plain (gmlx before gmlx/decode/shadow.py)
     "noshadow": ("no shadow rounds", lambda: patch.object(shadow, "SHADOW_EVERY", 10 ** 9)),

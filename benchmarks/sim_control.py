@@ -298,6 +298,7 @@ VARIANTS["tryall"] = [(width_control, "KEEPABLE_TRIES", False)]
 VARIANTS["span12"] = [(width_control, "SHADOW_SPAN", 12)]
 VARIANTS["stay97"] = [(width_control, "STAY", 0.97)]  # speculation left only when predicted under 0.97x (every width)
 VARIANTS["stay90"] = [(width_control, "STAY", 0.90)]
+VARIANTS["nosteady"] = [(width_control, "STEADY_PAIRS", False)]  # boundary pairs alone (before 2026-12-07)
 VARIANTS["tries6"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control, "LONE_MIN_EVIDENCE", 6)]
 VARIANTS["notriesm3"] = VARIANTS["notries"] + VARIANTS["minev3"]
 

@@ -160,7 +160,7 @@ class Controller:
             key = (self.drafter_kind, b)
             if key not in self._shared:
                 plain = self._plain.setdefault(b, Times())
-                wc = self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()))
+                wc = self._shared[key] = WidthControl(plain, self._spec.setdefault(key, Times()), lone=b == 1)
                 wc.acceptance = self._nearest_acceptance(b)
             self.widths[b] = self._shared[key]
         return self.widths[b]

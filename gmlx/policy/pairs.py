@@ -12,6 +12,16 @@ SAMPLES = 32  # the recent samples a ratio is the median of
 PAIR_SPAN = 3  # periods on each side of a plain / speculative boundary that form one pair
 PAIR_SECONDS = 3.0  # ... at most this far apart in time (drift on this scale is small)
 MIN_PAIRS = 2  # pairs before their ratio replaces the medians' (or the probe's)
+# Steady samples (`Pairs(warm=...)`, the lone request's width): a speculative run's first periods after plain
+# ones run dear — ~10 % for ~7 rounds on SmolLM2 float32 (the drafter catching up on the plain steps, the
+# re-arm), and the plain periods next to a boundary miss the shadow replays of a plain stretch — so the
+# boundary's pairs read a K = 1 round 6-10 % dearer than the two sorts cost mid-run (docs/speculation.md,
+# "Pairs past the boundary periods"); on the simulated clock that bias alone took the lone chat request from K = 1
+# every round's 1.10x of plain to 1.05x ("Steady pairs", the same doc).
+STEADY_WARM = 6  # a speculative run's periods after this many (after plain ones) are steady
+STEADY_SPAN = 8  # the steady periods of each sort a sample is the medians of ...
+STEADY_SECONDS = 10.0  # ... all timed within this long (drift on this scale is small)
+STEADY_MIN = 3  # periods of each sort a sample needs, and new ones since the last sample of that k
 
 
 @dataclass
@@ -37,12 +47,26 @@ class Pairs:
     emitted: bool = True
     samples: int = 0  # samples taken so far (the deques stop growing at their length)
     memo: dict = field(default_factory=dict, repr=False)  # ratio and error per k until the next sample
+    warm: int = 0  # > 0: steady samples too (STEADY_WARM), preferred where there are MIN_PAIRS of a k
+    position: int = 0  # periods timed in the current run
+    after_plain: bool = False  # the current (speculative) run follows plain periods
+    recent: dict[int, deque] = field(default_factory=dict)  # k -> steady (now, seconds), plain's all
+    fresh: dict[int, int] = field(default_factory=dict)  # k -> steady periods since k's last steady sample
+    steady: dict[int, deque] = field(default_factory=dict)  # k -> recent steady log(T(k) / T(0)) samples
 
     def add(self, k: int, seconds: float, now: float) -> None:
         if (k == 0) is not self.run_plain:  # a boundary: a run of the other sort starts
             self._emit()  # the run that ends, when it was shorter than PAIR_SPAN
+            if self.warm:
+                self._emit_steady(now)
+            self.after_plain = self.run_plain is True
             self.before, self.ended, self.started = list(self.tail), self.last, now
             self.run, self.tail, self.run_plain, self.emitted = [], deque(maxlen=PAIR_SPAN), k == 0, False
+            self.position = 0
+        self.position += 1
+        if self.warm and (k == 0 or not self.after_plain or self.position > self.warm):
+            self.recent.setdefault(k, deque(maxlen=STEADY_SPAN)).append((now, seconds))
+            self.fresh[k] = self.fresh.get(k, 0) + 1
         if len(self.run) < PAIR_SPAN:
             self.run.append((k, seconds))
         self.tail.append((k, seconds))
@@ -64,18 +88,41 @@ class Pairs:
             self.samples += 1
             self.memo.clear()
 
+    def _emit_steady(self, now: float) -> None:
+        """At a boundary, one steady sample per speculative k with STEADY_MIN new steady periods (or with new
+        plain ones): the medians of each sort's last steady periods timed within STEADY_SECONDS."""
+        plain = [s for t, s in self.recent.get(0, ()) if now - t <= STEADY_SECONDS]
+        if len(plain) < STEADY_MIN:
+            return
+        sampled = False
+        for k in [k for k in self.recent if k]:
+            spec = [s for t, s in self.recent[k] if now - t <= STEADY_SECONDS]
+            if len(spec) < STEADY_MIN or max(self.fresh.get(k, 0), self.fresh.get(0, 0)) < STEADY_MIN:
+                continue
+            self.steady.setdefault(k, deque(maxlen=SAMPLES)).append(
+                math.log(statistics.median(spec) / statistics.median(plain)))
+            self.fresh[k], self.samples, sampled = 0, self.samples + 1, True
+            self.memo.clear()
+        if sampled:
+            self.fresh[0] = 0
+
+    def _samples(self, k: int):
+        """k's steady samples where there are MIN_PAIRS of them, else its boundary pairs."""
+        d = self.steady.get(k)
+        return d if d is not None and len(d) >= MIN_PAIRS else self.logs.get(k)
+
     def ratio(self, k: int) -> float | None:
         """T(k) / T(0) from pairs (None below MIN_PAIRS of them). Kept until the next sample: the
         control asks every step, samples come at boundaries."""
         if ("ratio", k) not in self.memo:
-            d = self.logs.get(k)
+            d = self._samples(k)
             self.memo["ratio", k] = (math.exp(statistics.median(d)) if d is not None and len(d) >= MIN_PAIRS
                                      else None)
         return self.memo["ratio", k]
 
     def error(self, k: int) -> float:
         """The relative standard error of ratio(k) (from the pairs' MAD; 0 below MIN_PAIRS)."""
-        d = self.logs.get(k, ())
+        d = self._samples(k) or ()
         if len(d) < MIN_PAIRS:
             return 0.0
         if ("error", k) in self.memo:
@@ -86,7 +133,7 @@ class Pairs:
 
     def paired(self) -> list[int]:
         """The k with a ratio."""
-        return [k for k, d in self.logs.items() if len(d) >= MIN_PAIRS]
+        return [k for k in {*self.logs, *self.steady} if len(self._samples(k) or ()) >= MIN_PAIRS]
 
     def nearest(self, k: int) -> int | None:
         """The paired k nearest k (the smaller when two are as near): k's ratio comes from it."""

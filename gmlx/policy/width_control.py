@@ -11,12 +11,12 @@ from gmlx.policy.costs import Costs, emitted
 from gmlx.policy.drain import drain
 from gmlx.policy.choice import Choice
 from gmlx.policy.figures import MARGIN, MIN_SAMPLES, STAY, Z, Acceptance, Times, gain_doubt, surely_pays
-from gmlx.policy.pairs import PAIR_SPAN, Pairs
+from gmlx.policy.pairs import PAIR_SPAN, STEADY_WARM, Pairs
 from gmlx.policy.thresholds import (EXPLORE_FIRST, EXPLORE_MAX, EXPLORE_SOON, FAR, FIRST_K1, KEEPABLE_TRIES,
                                     LONE_MIN_EVIDENCE, LONE_POINT, LONE_TRY, LONE_TRY_WITHIN, MIN_EVIDENCE, MIN_RATIO,
                                     PLAIN_CHECK_AFTER, PLAIN_WINDOW, REFRESH_FIRST, REFRESH_MAX, REFRESH_WINDOW,
-                                    RETRY_AFTER, SHADOW_FIRST, SHADOW_AGAIN, SHADOW_SPAN, SHADOW_STOP, TRY_FIRST,
-                                    TRY_WITHIN)
+                                    RETRY_AFTER, SHADOW_FIRST, SHADOW_AGAIN, SHADOW_SPAN, SHADOW_STOP, STEADY_PAIRS,
+                                    TRY_FIRST, TRY_WITHIN)
 
 # The thresholds are read here by name (tests and benchmarks patch them on this module).
 
@@ -36,7 +36,7 @@ def starts_plain(shadowed: bool, lone: bool) -> bool:
 class WidthControl:
     """The figures and the choice in force at one width bucket."""
 
-    def __init__(self, plain: Times, spec: Times):
+    def __init__(self, plain: Times, spec: Times, lone: bool = False):
         self.plain, self.spec = plain, spec  # shared per target / per (target, drafter)
         self.acceptance = Acceptance()
         self.current: int | None = None  # the k in force (None: not decided yet)
@@ -49,7 +49,7 @@ class WidthControl:
         # the K in force when the window started, and the speculative rounds after it that still run
         # it: Pairs keys its samples by K, so the window pairs one K on both sides
         self.window_k, self.after_window = 0, 0
-        self.pairs = Pairs()  # T(k) / T(0) from periods timed close together (pairs.Pairs)
+        self.pairs = Pairs(warm=STEADY_WARM if lone and STEADY_PAIRS else 0)  # T(k) / T(0): pairs.Pairs
         self.since_pair = 0  # speculative rounds since the last pair
         self.refresh_after = PLAIN_CHECK_AFTER
         self.exploring = False
