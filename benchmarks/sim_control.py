@@ -299,6 +299,16 @@ VARIANTS["span12"] = [(width_control, "SHADOW_SPAN", 12)]
 VARIANTS["stay97"] = [(width_control, "STAY", 0.97)]  # speculation left only when predicted under 0.97x (every width)
 VARIANTS["stay90"] = [(width_control, "STAY", 0.90)]
 VARIANTS["nosteady"] = [(width_control, "STEADY_PAIRS", False)]  # boundary pairs alone (before 2026-12-07)
+
+
+def _oracle_ratio(real=width_control.WidthControl.ratio):
+    """The lone request's cost ratio is this Xeon's table's steady one (an upper bound for any pairing rule)."""
+    def ratio(self, k, costs, lone=False):
+        return (XEON[1][1][k], "paired") if lone and k else real(self, k, costs, lone)
+    return [(width_control.WidthControl, "ratio", ratio)]
+
+
+VARIANTS["oracle"] = _oracle_ratio()
 VARIANTS["tries6"] = [(width_control, "LONE_TRY_WITHIN", 1.0), (width_control, "LONE_MIN_EVIDENCE", 6)]
 VARIANTS["notriesm3"] = VARIANTS["notries"] + VARIANTS["minev3"]
 

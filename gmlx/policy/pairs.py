@@ -13,11 +13,11 @@ PAIR_SPAN = 3  # periods on each side of a plain / speculative boundary that for
 PAIR_SECONDS = 3.0  # ... at most this far apart in time (drift on this scale is small)
 MIN_PAIRS = 2  # pairs before their ratio replaces the medians' (or the probe's)
 # Steady samples (`Pairs(warm=...)`, the lone request's width): a speculative run's first periods after plain
-# ones run dear — ~10 % for ~7 rounds on SmolLM2 float32 (the drafter catching up on the plain steps, the
-# re-arm), and the plain periods next to a boundary miss the shadow replays of a plain stretch — so the
-# boundary's pairs read a K = 1 round 6-10 % dearer than the two sorts cost mid-run (docs/speculation.md,
+# ones can run dear — ~10 % for ~7 rounds on SmolLM2 float32 on an AMD EPYC (the drafter catching up on the plain
+# steps, the re-arm), and the plain periods next to a boundary miss the shadow replays of a plain stretch — so there
+# the boundary's pairs read a K = 1 round 6-10 % dearer than the two sorts cost mid-run (docs/speculation.md,
 # "Pairs past the boundary periods"); on the simulated clock that bias alone took the lone chat request from K = 1
-# every round's 1.10x of plain to 1.05x ("Steady pairs", the same doc).
+# every round's 1.10x of plain to 1.05x ("Steady pairs", the same doc). Where no switch costs, both read alike.
 STEADY_WARM = 6  # a speculative run's periods after this many (after plain ones) are steady
 STEADY_SPAN = 8  # the steady periods of each sort a sample is the medians of ...
 STEADY_SECONDS = 10.0  # ... all timed within this long (drift on this scale is small)

@@ -116,8 +116,8 @@ MIN_RATIO = 1.0
 # The lone request's cost ratios come from steady samples where it has them (pairs.Pairs `warm`): a
 # speculative run's periods past its first STEADY_WARM after plain ones, against the plain periods
 # timed within seconds of them, not only the periods next to a plain / speculative boundary, which
-# read a K = 1 round 6-10 % dearer than mid-run on SmolLM2 float32 (the re-arm's catch-up, plain
-# stretches' shadow replays). On the simulated clock with that switch cost and this Xeon's round table
-# the lone chat request went from 1.05x to 1.10x of plain, K = 1 every round's figure (docs/speculation.md,
-# "Steady pairs"). False: boundary pairs alone (before 2026-12-07).
+# read a K = 1 round 6-10 % dearer than mid-run on SmolLM2 float32 on an AMD EPYC (the re-arm's catch-up,
+# plain stretches' shadow replays). On the simulated clock with that switch cost the lone chat request went
+# from 1.05x to 1.11x of plain, K = 1 every round's figure; on an Intel Xeon with no such cost both read
+# the same ratio (docs/speculation.md, "Steady pairs"). False: boundary pairs alone (before 2026-12-07).
 STEADY_PAIRS = True
