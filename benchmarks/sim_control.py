@@ -448,7 +448,8 @@ def shadow_cost(lm, widths: list[int], repeats: int = 6, n: int = 48) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-f32", choices=tuple(TABLES),
-                    help="the simulated clock's table is the model's (TABLES; -openblas: before the kernel)")
+                    help="the simulated clock's table is the model's (TABLES; -openblas: before the kernel;"
+                    " -xeon: the Intel Xeon's of 2026-12-07, the others the AMD EPYC's)")
     ap.add_argument("--kinds", default="chat,code")
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--max-tokens", type=int, default=64)
