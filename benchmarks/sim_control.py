@@ -302,9 +302,9 @@ VARIANTS["nosteady"] = [(width_control, "STEADY_PAIRS", False)]  # boundary pair
 
 
 def _oracle_ratio(real=width_control.WidthControl.ratio):
-    """The lone request's cost ratio is this Xeon's table's steady one (an upper bound for any pairing rule)."""
+    """The lone request's cost ratio is the clock's table's steady one (an upper bound for any pairing rule)."""
     def ratio(self, k, costs, lone=False):
-        return (XEON[1][1][k], "paired") if lone and k else real(self, k, costs, lone)
+        return (SimClock.table[1][k], "paired") if lone and k else real(self, k, costs, lone)
     return [(width_control.WidthControl, "ratio", ratio)]
 
 
@@ -320,6 +320,8 @@ def bucket(width: int) -> int:
 class SimClock:
     """The engine's and the control's clock, advanced by the rounds the engine runs."""
 
+    table: dict = RATIO  # the installed clock's ratios (the `oracle` arm reads them)
+
     def __init__(self, model: str = "smollm2-f32", jitter: float = 0.0, switch: bool = False):
         self.plain, self.ratio, self.probe = TABLES[model]
         # --switch: charge SWITCH; the lone request's speculative rounds since its last plain one
@@ -332,6 +334,7 @@ class SimClock:
         self.rounds: Counter = Counter()  # (width bucket, K or "capture") -> rounds
 
     def install(self) -> None:
+        SimClock.table = self.ratio
         fake = types.SimpleNamespace(perf_counter=lambda: self.t)
         engine_mod.time = width_control.time = fake
         scalar.round_costs = scalar.reconfirmed = lambda *a, **kw: self.probe
