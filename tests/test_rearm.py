@@ -18,7 +18,7 @@ from gmlx.drafters.base import DraftPick
 from gmlx.drafters.select import select_drafter
 from gmlx.engine import speculation
 from gmlx.engine.oracle import make_row
-from gmlx.policy import control, width_control
+from gmlx.policy import control, thresholds, width_control
 from gmlx.sampling import RowSampling
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests
@@ -42,7 +42,7 @@ def _lone(lm, prompt, params, monkeypatch, rearm: bool | str):
     if rearm == "capped":  # fewer plain steps kept than any plain stretch here: the drafter goes
         monkeypatch.setattr(plain, "KEEP_MAX", 3)
     elif not rearm:
-        monkeypatch.setattr(scalar, "REARM_MIN", 10 ** 6)
+        monkeypatch.setattr(thresholds, "REARM_MIN", 10 ** 6)
     eng = on(lm)
     run = drive(eng, {0: [("a", prompt, params)]})
     check_solo(lm, run)

@@ -23,6 +23,7 @@ import numpy as np
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import Prefilled, prefill_row
 from gmlx.decode.scalar_seq import Flight, ScalarSeq
+from gmlx.decode.scalar_start import start_k
 from gmlx.decode.shadow import Shadow
 from gmlx.decode.verify import verified
 from gmlx.drafters.base import DraftPick, Drafter
@@ -31,24 +32,22 @@ from gmlx.row import Row, RoundResult
 from gmlx.kv import RaggedKVCache
 from gmlx.model_cache import lift_caches
 from gmlx.models.adapter import Target
-from gmlx.decode.probe import reconfirmed, round_costs
-from gmlx.policy.adaptive import AcceptanceEstimate
+from gmlx.decode.probe import round_costs
 from gmlx.policy.figures import MIN_ROUNDS_TO_STOP
 from gmlx.policy.costs import Costs
+from gmlx.policy import thresholds
 from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
-# Tokens left when a lone request runs the control's plain window at its tail (it cannot re-arm after
-# it): the window's rounds (5 the first time, 3 for a refresh), all timed, and the switch's, not.
-WINDOW_TAIL_EXTRA = 1
-# A lone request the control sends plain (or into a plain window) with more than this many tokens left
-# keeps its drafter: its plain steps keep their hidden states (PlainDecoder `keep_hidden`; a drafter that
-# replays them measures its acceptance meanwhile: decode/shadow.py), the control is asked every plain
-# round (and its own context looked up: drafters/context_lookup.py), and on a re-arm the drafter takes
-# those steps as pending entries, as it takes a prompt (docs/speculation.md: without it a SmolLM2 chat
-# answer, 0.12 of drafts agreeing over its first rounds and ~0.3 after, went plain for good).
-REARM_MIN = 16
+# A request's first token goes out before any successor is dispatched (FIRST_TOKEN_OUT): a forward's
+# dispatch waits for the device as it is built (gmlx/models/early_dispatch.py), so the first token waited
+# for most of the next round. One that will draft takes it from a plain step and drafts from the second
+# (FIRST_TOKEN_PLAIN: a re-arm), not in a first round whose drafts the prompt alone made: a whole answer
+# gains under a tenth of a step from drafting that early (SmolLM2 float32 here, time to first token:
+# plain 170 -> 158 ms, speculative 197 -> 158 ms; benchmarks/bench_first_token.py, docs/speculation.md).
+FIRST_TOKEN_OUT = True
+FIRST_TOKEN_PLAIN = True
 
 
 class ScalarLane:
@@ -93,25 +92,8 @@ class ScalarLane:
         return self.costs
 
     def decide(self, max_k: int | None = None) -> int:
-        """The most drafts a new lone request may use: `max_k` (calibrated, else the lane's K),
-        or 0 (decode it plain) when no draft length pays at the acceptance expected before any
-        round (the estimate's prior) under this machine's measured costs."""
-        max_k = self.k if max_k is None else max_k
-        if self.drafter is None or max_k == 0:
-            return 0
-        if not self.may_go_plain:
-            return max_k
-        if self.control is not None:  # from what earlier lone requests measured (or the cost model)
-            if self.control.choose(1, max_k, self.control.pooled(1)).speculates:
-                return max_k
-            if not self.control.at(1).times(1, self.round_costs())[2] and self.costs.source.startswith("measured"):
-                self.control.costs = self.costs = reconfirmed(self.target, self.drafter, max(self.k, 1))
-            return max_k if self.control.choose(1, max_k, self.control.pooled(1)).speculates else 0
-        if AcceptanceEstimate().best_k(max_k, self.round_costs()) > 0:
-            return max_k
-        if self.costs.source.startswith("measured"):  # not figures someone set: measure once more
-            self.costs = reconfirmed(self.target, self.drafter, max(self.k, 1))
-        return max_k if AcceptanceEstimate().best_k(max_k, self.costs) > 0 else 0
+        """The most drafts a new lone request may use (0: plain): gmlx/decode/scalar_start.py."""
+        return start_k(self, max_k)
 
     def start(self, row: Row, pre: Prefilled | None = None, max_k: int | None = None) -> None:
         """Take a prefilled request (prefilling it here when not given) and decode it with up to
@@ -127,12 +109,15 @@ class ScalarLane:
             self.seq.acceptance = self.control.pooled(1)  # starts from recent lone requests' acceptance
         if not max_k:
             self._go_plain(self.seq, self.seq.bonus, row.next_position)
+        elif FIRST_TOKEN_OUT and FIRST_TOKEN_PLAIN and self.drafter.rearms(draft) and row.remaining > 1:
+            self._go_plain(self.seq, self.seq.bonus, row.next_position, keep=True)
+            self.seq.rearm_next = True
 
     def _go_plain(self, seq: ScalarSeq, bonus: int, position: int, pending: list[int] = (),
                   keep: bool = False) -> None:
         """Decode this request plain from `bonus` (the next token sampled at `position`),
         double-buffered: the plain path, not a speculative round without drafts. The drafter's
-        state is dropped, or (`keep`) kept for a re-arm (REARM_MIN)."""
+        state is dropped, or (`keep`) kept for a re-arm (thresholds.REARM_MIN)."""
         if not keep:
             seq.draft, seq.max_k = None, 0
         self.shadow = Shadow(position) if keep and self.drafter.replays else None
@@ -140,9 +125,9 @@ class ScalarLane:
                                   row=seq.row, pending=pending, keep_hidden=keep)
 
     def _may_rearm(self, seq: ScalarSeq, remaining: int) -> bool:
-        """Whether this request, going plain (or plain already), may still re-arm (REARM_MIN)."""
+        """Whether this request, going plain (or plain already), may still re-arm (thresholds.REARM_MIN)."""
         return (self.control is not None and seq.draft is not None and self.drafter.rearms(seq.draft)
-                and remaining > REARM_MIN)
+                and remaining > thresholds.REARM_MIN)
 
     def _rearms(self, seq: ScalarSeq) -> bool:
         """Before a plain round of a request that kept its drafter: whether the control asks for
@@ -161,24 +146,26 @@ class ScalarLane:
             self.shadow.dispatch(self.drafter, seq.draft, self.plain, seq.rs)
         return choice.k > 0
 
-    def _rearm(self, seq: ScalarSeq, pending: list[int]) -> None:
+    def _rearm(self, seq: ScalarSeq, pending: list[int] = ()) -> None:
         """Hand the plain steps to the drafter as pending entries (one commit with k = 0, the drafter
-        base's contract) and dispatch a speculative round from the last one's token."""
+        base's contract) and dispatch a speculative round from the last one's token (`pending`: the
+        round's tokens not yet emitted; none: the last emitted one)."""
         self.plain.hand_to(self.drafter, seq.draft)
         position, self.plain, self.shadow = self.plain.pos, None, None
-        self.flight = self._dispatch(seq, max(pending[-1], 0), position, seq.row.remaining - len(pending), pending)
+        bonus = max(pending[-1], 0) if pending else seq.bonus
+        self.flight = self._dispatch(seq, bonus, position, seq.row.remaining - len(pending), pending)
 
     def _stops_paying(self, seq: ScalarSeq, remaining: int) -> bool:
         """Enough rounds show that no draft length pays at this request's acceptance (with the
         control: at the measured round times; the choice is also the next round's K). With the
         control asking for plain rounds to pair with speculative ones (a window), they run now
-        when the request can re-arm after them (REARM_MIN), else as its last few tokens."""
+        when the request can re-arm after them (thresholds.REARM_MIN), else as its last few tokens."""
         if self.control is not None and self.may_go_plain and seq.draft is not None:
             seq.choice = self.control.choose(1, seq.max_k, seq.acceptance)
             if seq.choice.window:
                 window = self.control.at(1).plain_window
                 return (self._may_rearm(seq, remaining - window)
-                        or remaining <= window + WINDOW_TAIL_EXTRA)
+                        or remaining <= window + thresholds.WINDOW_TAIL_EXTRA)
             return (seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP and seq.choice.k == 0
                     and not (self.context and self.drafter.context_recurs(seq.draft)))  # its context drafts on
         return (self.may_go_plain and seq.draft is not None and seq.acceptance.rounds >= MIN_ROUNDS_TO_STOP
@@ -189,16 +176,22 @@ class ScalarLane:
         request cannot go on, dispatch the next one before returning: the caller's emission,
         detokenizing and delivery then run while the device computes that round."""
         trace.mark("admission")
+        first_draft = self.seq.rearm_next and self.plain is not None and not self.plain.in_flight
+        if first_draft:  # after its first token, plain (FIRST_TOKEN_PLAIN): the drafter reads the prompt now
+            self.seq.rearm_next = False
+            self._rearm(self.seq)
         res = self._round(self.seq, last)
         following = self.flight.asked if self.flight is not None else 0 if self.in_flight else None
-        self.switched = following is not None and (following != self.last_k or getattr(self.flight, "foreign", False))
+        self.switched = first_draft or following is not None and (  # (first_draft: its period holds that read)
+            following != self.last_k or getattr(self.flight, "foreign", False))
         return res
 
     def _round(self, seq: ScalarSeq, last: bool) -> RoundResult:
         if self.plain is not None:
             self.last_k = 0
-            rearm = not last and self._rearms(seq)
-            res = self.plain.round(seq.bonus, successor=not last and not rearm)
+            first = FIRST_TOKEN_OUT and not seq.row.tokens
+            rearm = not last and not first and self._rearms(seq)
+            res = self.plain.round(seq.bonus, successor=not last and not rearm and not first)
             # (its kept steps may have reached plain.KEEP_MAX in this very round: no re-arm then)
             if rearm and self.plain.keep and seq.row.remaining > len(res.tokens) and not seq.row.stops_at(res.tokens):
                 self._rearm(seq, res.tokens)

@@ -23,6 +23,7 @@ class ScalarSeq:
     max_k: int = 0  # the most drafts per round for this request (0: plain)
     acceptance: Acceptance = field(default_factory=AcceptanceEstimate)  # the control gives it a decaying one
     choice: object | None = None  # the control's choice for the next round (gmlx.policy.control.Choice)
+    rearm_next: bool = False  # its first token runs plain and it drafts from the next round (scalar.FIRST_TOKEN_PLAIN)
 
     @property
     def bonus(self) -> int:

@@ -101,7 +101,7 @@ LONE_TRY = True
 # A lone request is decided on its predicted gain alone (MARGIN to enter or keep a try, STAY to
 # stay), without the doubt (Z standard errors), once its width's cost ratio is paired: its own
 # rounds keep measuring it, and a request sent plain keeps its drafter and re-arms
-# (gmlx/decode/scalar.py REARM_MIN), so a wrong choice costs the rounds until they show it. With
+# (REARM_MIN below), so a wrong choice costs the rounds until they show it. With
 # the doubt, a SmolLM2 chat answer (K = 1-2 predicted ~1.05-1.3x, doubt 0.1-1 after 8 rounds of
 # one request) went plain for good after its first 8 rounds, where drafting throughout ran 1.13x
 # (128 tokens). Before a pair the doubt stays: the load probe's forward-only ratio errs low.
@@ -121,3 +121,13 @@ MIN_RATIO = 1.0
 # from 1.05x to 1.11x of plain, K = 1 every round's figure; on an Intel Xeon with no such cost both read
 # the same ratio (docs/speculation.md, "Steady pairs"). False: boundary pairs alone (before 2026-12-07).
 STEADY_PAIRS = True
+# A lone request the control sends plain (or into a plain window) with more than this many tokens left
+# keeps its drafter: its plain steps keep their hidden states (PlainDecoder `keep_hidden`; a drafter that
+# replays them measures its acceptance meanwhile: decode/shadow.py), the control is asked every plain
+# round (and its own context looked up: drafters/context_lookup.py), and on a re-arm the drafter takes
+# those steps as pending entries, as it takes a prompt (docs/speculation.md: without it a SmolLM2 chat
+# answer, 0.12 of drafts agreeing over its first rounds and ~0.3 after, went plain for good).
+REARM_MIN = 16
+# Tokens left when a lone request runs the control's plain window at its tail (it cannot re-arm after
+# it): the window's rounds (5 the first time, 3 for a refresh), all timed, and the switch's, not.
+WINDOW_TAIL_EXTRA = 1

@@ -1,0 +1,101 @@
+"""A lone request's first token, side by side, one request at a time: plain decoding and speculation
+as shipped, and each as gmlx ran it before its first token went out alone (`plain_before`: the step
+after it dispatched first, scalar.FIRST_TOKEN_OUT off; `default_before`: that, and a first round that
+drafts from the prompt, FIRST_TOKEN_PLAIN off).
+
+Each arm is one long-lived engine on its own thread (as `gmlx serve` runs one), read from its stream
+as a client reads it: time to first token from submit to the first token out of the stream, and the
+request's whole time from submit to its last token (prefill included). Per question, every arm in
+turn, the order alternating; ratios are medians of per-question ratios to plain. Greedy, EOS ignored,
+fixed length; every arm's tokens are checked against plain's.
+
+Run: ``python benchmarks/bench_first_token.py --model smollm2-f32 --repeats 3 --max-tokens 64``
+Writes bench_results/<utc>_first_token.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from unittest.mock import patch
+
+import gmlx  # noqa: F401  (OpenBLAS before mlx)
+
+from gmlx import Engine, EngineConfig, SamplingParams
+from gmlx.config import Switches
+from gmlx.decode import scalar
+from gmlx.machine import describe
+
+from bench_matrix import model, prompt_sets
+from common import command_line, write_result
+
+PLAIN = (EngineConfig(speculative=False, prompt_cache_bytes=0), Switches(control=False))
+DEFAULT = (EngineConfig(prompt_cache_bytes=0), Switches(control=True))
+ARMS = {"plain": (*PLAIN, True, True), "plain_before": (*PLAIN, False, False),  # (..., FIRST_TOKEN_OUT, _PLAIN)
+        "default": (*DEFAULT, True, True), "default_before": (*DEFAULT, False, False)}
+
+
+def timed(eng: Engine, prompt: list[int], max_tokens: int, rules: tuple[bool, bool]) -> dict:
+    """One request through a running engine, read as a client reads its stream."""
+    with patch.object(scalar, "FIRST_TOKEN_OUT", rules[0]), patch.object(scalar, "FIRST_TOKEN_PLAIN", rules[1]):
+        t0 = time.perf_counter()
+        stream = eng.submit(prompt, SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True))
+        first = None
+        for _ in stream:
+            first = time.perf_counter() if first is None else first
+        end = time.perf_counter()
+    rec = stream.wait(5)
+    return {"ttft": first - t0, "total": end - t0, "tokens": rec.tokens}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-f32", help="embedded, smollm2-f32 or smollm2-q")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    a = ap.parse_args()
+    lm = model(a.model)
+    prompts = [(kind, p) for kind, ps in prompt_sets(lm, a.model).items() for p in ps]
+    engines = {arm: Engine(lm, cfg, switches=sw) for arm, (cfg, sw, *_) in ARMS.items()}
+    for arm, eng in engines.items():  # warm-up: kernels, the probe, the control's first figures
+        timed(eng, prompts[0][1], 16, ARMS[arm][2:])
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    for rep in range(a.repeats):
+        for i, (kind, p) in enumerate(prompts):
+            order = list(ARMS) if (rep + i) % 2 == 0 else list(reversed(ARMS))
+            for arm in order:
+                runs[arm].append({"kind": kind, **timed(engines[arm], p, a.max_tokens, ARMS[arm][2:])})
+            print(f"rep {rep} {kind} " + "  ".join(f"{arm} ttft {runs[arm][-1]['ttft'] * 1e3:6.1f} ms total "
+                                                  f"{runs[arm][-1]['total'] * 1e3:7.1f} ms" for arm in ARMS), flush=True)
+    for eng in engines.values():
+        eng.close()
+    same = {arm: all(r["tokens"] == q["tokens"] for r, q in zip(runs[arm], runs["plain"])) for arm in ARMS}
+    cells = []
+    for kind in dict.fromkeys(k for k, _ in prompts):
+        idx = [j for j, r in enumerate(runs["plain"]) if r["kind"] == kind]
+        cell = {"kind": kind, "requests": len(idx)}
+        for arm in ARMS:
+            cell[arm] = {"ttft_ms": statistics.median(runs[arm][j]["ttft"] for j in idx) * 1e3,
+                         "tok_s": sum(len(runs[arm][j]["tokens"]) for j in idx) / sum(runs[arm][j]["total"] for j in idx),
+                         "ttft_vs_plain": statistics.median(runs[arm][j]["ttft"] / runs["plain"][j]["ttft"] for j in idx),
+                         "speed_vs_plain": statistics.median(runs["plain"][j]["total"] / runs[arm][j]["total"] for j in idx)}
+        cells.append(cell)
+    cmd = command_line("bench_first_token.py", a)
+    lines = [f"`{cmd}`", "", "Time to first token (median over requests; its ratio to plain's, median of per-request ratios) and",
+             "the request's speed (prefill included: plain's whole time over the arm's, median per request).", "",
+             "| prompts | " + " | ".join(f"{arm}: first token ms (/ plain) | {arm}: speed" for arm in ARMS) + " | same tokens |",
+             "|---|" + "---|---|" * len(ARMS) + "---|"]
+    for c in cells:
+        lines.append(f"| {c['kind']} x {c['requests']} | " + " | ".join(
+            f"{c[arm]['ttft_ms']:.1f} ({c[arm]['ttft_vs_plain']:.2f}) | {c[arm]['speed_vs_plain']:.2f}x" for arm in ARMS)
+            + f" | {all(same.values())} |")
+    print("\n".join(lines))
+    path = write_result(a.out, "first_token", {"machine": describe(), "command": cmd, "cells": cells, "same_tokens": same})
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
