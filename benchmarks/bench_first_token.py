@@ -1,6 +1,6 @@
 """A lone request's first token, side by side, one request at a time: plain decoding and speculation
 as shipped, and each as gmlx ran it before its first token went out alone (`plain_before`: the step
-after it dispatched first, scalar.FIRST_TOKEN_OUT off; `default_before`: that, and a first round that
+after it dispatched first, plain.FIRST_TOKEN_OUT off; `default_before`: that, and a first round that
 drafts from the prompt, FIRST_TOKEN_PLAIN off).
 
 Each arm is one long-lived engine on its own thread (as `gmlx serve` runs one), read from its stream
@@ -25,7 +25,7 @@ import gmlx  # noqa: F401  (OpenBLAS before mlx)
 
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.decode import scalar
+from gmlx.decode import plain, scalar
 from gmlx.machine import describe
 
 from bench_matrix import model, prompt_sets
@@ -39,7 +39,7 @@ ARMS = {"plain": (*PLAIN, True, True), "plain_before": (*PLAIN, False, False),  
 
 def timed(eng: Engine, prompt: list[int], max_tokens: int, rules: tuple[bool, bool]) -> dict:
     """One request through a running engine, read as a client reads its stream."""
-    with patch.object(scalar, "FIRST_TOKEN_OUT", rules[0]), patch.object(scalar, "FIRST_TOKEN_PLAIN", rules[1]):
+    with patch.object(plain, "FIRST_TOKEN_OUT", rules[0]), patch.object(scalar, "FIRST_TOKEN_PLAIN", rules[1]):
         t0 = time.perf_counter()
         stream = eng.submit(prompt, SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True))
         first = None

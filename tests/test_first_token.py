@@ -1,4 +1,4 @@
-"""A lone request's first token (gmlx/decode/scalar.py FIRST_TOKEN_OUT, FIRST_TOKEN_PLAIN): it comes
+"""A lone request's first token (gmlx/decode/plain.py FIRST_TOKEN_OUT, scalar.py FIRST_TOKEN_PLAIN): it comes
 from a plain step and leaves the engine before anything else is dispatched; a request that will draft
 drafts from its second round on (a re-arm: the drafter reads the prompt and that step there), a plain
 one dispatches each next step ahead from its second round on. Tokens never move: every stream equals
@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import P, check_solo, drive
 from gmlx import Engine, EngineConfig
 from gmlx.config import Switches
-from gmlx.decode import scalar
+from gmlx.decode import plain, scalar
 from gmlx.policy import control
 
 LM_WITHOUT_EOS = True  # budgets alone end these requests
@@ -24,7 +24,7 @@ def _lone(lm, prompt, params, kind: str, monkeypatch, out: bool = True, plain_fi
     """One request alone on an engine of `kind`, the rules as given. Returns its rounds' drafts, and per
     step whether a round was in flight after it and how many tokens the request had then; its stream
     checked against its solo plain decode."""
-    monkeypatch.setattr(scalar, "FIRST_TOKEN_OUT", out)
+    monkeypatch.setattr(plain, "FIRST_TOKEN_OUT", out)
     monkeypatch.setattr(scalar, "FIRST_TOKEN_PLAIN", plain_first)
     control.forget(lm.target)
     config, switches = ENGINES[kind]
@@ -54,6 +54,7 @@ def test_the_first_token_leaves_before_anything_else_is_dispatched(lm, prompts, 
     if kind == "plain":
         assert not any(drafted)
         assert all(flying for flying, n, _ in after[first + 1:] if 0 < n < params.max_tokens - 1)  # pipelined on
+        assert after[first + 1][2] is out  # the round after it started cold: not timed (ScalarLane.switched)
         return
     assert drafted[0] == 0 if out else drafted[0] > 0  # its first round drafted (before) or ran plain
     if out:  # drafts from its second round: the re-arm, not timed (ScalarLane.switched)
@@ -83,3 +84,28 @@ def test_smollm2_a_lone_request_takes_its_first_token_plain_and_drafts_from_the_
                            "control", monkeypatch)
     first = next(i for i, (_, n, _) in enumerate(after) if n > 0)
     assert after[first][:2] == (False, 1) and drafted[0] == 0 and drafted[1] > 0, (drafted, after)
+
+
+@pytest.mark.parametrize("out", [True, False], ids=["first_out", "before"])
+def test_in_a_batch_a_rows_first_token_leaves_before_the_next_step_is_dispatched(lm, prompts, monkeypatch, out):
+    """Plain batch rounds (two requests together, a third joining later): the round that gives a row its
+    first token dispatches no lookahead; the round after it starts cold and is not timed (Lanes.cold)."""
+    from gmlx.policy.admission import Round
+
+    monkeypatch.setattr(plain, "FIRST_TOKEN_OUT", out)
+    eng = Engine(lm, EngineConfig(speculative=False), switches=Switches(control=False))
+    seen = []  # per step: (rows' token counts, a lookahead in flight, the next plain round cold)
+
+    def look(run):
+        if run.step_no:
+            seen.append(([len(r.tokens) for r in eng.live_rows()], eng.batch.lookahead is not None,
+                         eng.lanes.cold(Round.PLAIN)))
+
+    run = drive(eng, {0: [("a", prompts[1], P(30)), ("b", prompts[2], P(30, seed=3, t=0.8))],
+                      6: [("c", prompts[3], P(20))]}, before_step=look)
+    check_solo(lm, run)
+    eng.close()
+    firsts = [i for i, (counts, _, _) in enumerate(seen) if 1 in counts and len(counts) > 1]
+    assert len(firsts) >= 2, seen  # the pair's first round, and the newcomer's
+    for i in firsts:
+        assert seen[i][1] is not out and seen[i][2] is out, seen[i]

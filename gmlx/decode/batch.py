@@ -24,6 +24,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from gmlx.decode import plain
 from gmlx.decode.batch_shadow import BatchShadow
 from gmlx.decode.prefill import Prefilled
 from gmlx.decode.verify import verified
@@ -170,7 +171,8 @@ class BatchLoop:
         else:
             cur, cur_lps = self._plain_step(self._bonus(), 0)
         self.lookahead = self.lookahead_lps = None
-        if successor and any(r.remaining > 1 for r in self.rows):
+        first = plain.FIRST_TOKEN_OUT and any(not r.tokens for r in self.rows)  # a row's first token leaves now
+        if successor and not first and any(r.remaining > 1 for r in self.rows):
             # a FAULT row is finished; feed it a real id
             self.lookahead, self.lookahead_lps = self._plain_step(mx.maximum(cur, 0), 1)
             trace.mark("build")

@@ -17,6 +17,13 @@ from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
+# A request's first token leaves the engine before a successor is dispatched (here and in the batch's
+# plain rounds): a forward's dispatch waits for the device as it is built (gmlx/models/early_dispatch.py),
+# so a first token read after its successor's dispatch waited for most of that step (SmolLM2 float32
+# here: time to first token 170 -> 158 ms; benchmarks/bench_first_token.py). The round after starts with
+# nothing in flight: its period holds its own whole step, and it is not timed (the engine's `_round`).
+FIRST_TOKEN_OUT = True
+
 # The most plain steps whose hidden states are kept for a re-arm (a SmolLM2 EAGLE-3 head's are
 # 7 KB a step): past it the request decodes plain to its end, as the control's back-off would
 # rarely try it again by then (EXPLORE_SOON 16, EXPLORE_FIRST 64 plain rounds).

@@ -20,6 +20,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from gmlx.decode import plain
 from gmlx.decode.plain import PlainDecoder
 from gmlx.decode.prefill import Prefilled, prefill_row
 from gmlx.decode.scalar_seq import Flight, ScalarSeq
@@ -40,13 +41,11 @@ from gmlx.processors import attach, processed, scored
 from gmlx.sampling import RowSampling, sample
 
 
-# A request's first token goes out before any successor is dispatched (FIRST_TOKEN_OUT): a forward's
-# dispatch waits for the device as it is built (gmlx/models/early_dispatch.py), so the first token waited
-# for most of the next round. One that will draft takes it from a plain step and drafts from the second
-# (FIRST_TOKEN_PLAIN: a re-arm), not in a first round whose drafts the prompt alone made: a whole answer
-# gains under a tenth of a step from drafting that early (SmolLM2 float32 here, time to first token:
-# plain 170 -> 158 ms, speculative 197 -> 158 ms; benchmarks/bench_first_token.py, docs/speculation.md).
-FIRST_TOKEN_OUT = True
+# A request that will draft takes its first token from a plain step (plain.FIRST_TOKEN_OUT: it leaves
+# before anything else is dispatched) and drafts from the second (a re-arm), not in a first round whose
+# drafts the prompt alone made: that token waited for the drafts and their verify (SmolLM2 float32 here:
+# time to first token 197 -> 158 ms, plain's 158 ms), and a whole answer gains under a tenth of a step
+# from drafting that early (benchmarks/bench_first_token.py; docs/speculation.md, "The first token").
 FIRST_TOKEN_PLAIN = True
 
 
@@ -72,8 +71,8 @@ class ScalarLane:
         # vs speculative from measured round times at width 1. None: the cost model alone decides.
         self.control = None
         self.last_k: int | None = None  # drafts asked of the round last read (0: plain), for the control
-        # ... and whether it dispatched a successor of another k (the control does not time it:
-        # docs/speculation.md, "Switching rounds are not timed")
+        # ... and whether it dispatched a successor of another k, or started with nothing in flight (the
+        # control does not time it: docs/speculation.md, "Switching rounds are not timed")
         self.switched = False
 
     @property
@@ -109,7 +108,7 @@ class ScalarLane:
             self.seq.acceptance = self.control.pooled(1)  # starts from recent lone requests' acceptance
         if not max_k:
             self._go_plain(self.seq, self.seq.bonus, row.next_position)
-        elif FIRST_TOKEN_OUT and FIRST_TOKEN_PLAIN and self.drafter.rearms(draft) and row.remaining > 1:
+        elif plain.FIRST_TOKEN_OUT and FIRST_TOKEN_PLAIN and self.drafter.rearms(draft) and row.remaining > 1:
             self._go_plain(self.seq, self.seq.bonus, row.next_position, keep=True)
             self.seq.rearm_next = True
 
@@ -176,20 +175,20 @@ class ScalarLane:
         request cannot go on, dispatch the next one before returning: the caller's emission,
         detokenizing and delivery then run while the device computes that round."""
         trace.mark("admission")
-        first_draft = self.seq.rearm_next and self.plain is not None and not self.plain.in_flight
-        if first_draft:  # after its first token, plain (FIRST_TOKEN_PLAIN): the drafter reads the prompt now
+        cold = not self.in_flight  # (after its first token: plain.FIRST_TOKEN_OUT)
+        if cold and self.seq.rearm_next and self.plain is not None:  # FIRST_TOKEN_PLAIN: the drafter reads now
             self.seq.rearm_next = False
             self._rearm(self.seq)
         res = self._round(self.seq, last)
         following = self.flight.asked if self.flight is not None else 0 if self.in_flight else None
-        self.switched = first_draft or following is not None and (  # (first_draft: its period holds that read)
+        self.switched = cold or following is not None and (  # (cold: its period holds its whole round)
             following != self.last_k or getattr(self.flight, "foreign", False))
         return res
 
     def _round(self, seq: ScalarSeq, last: bool) -> RoundResult:
         if self.plain is not None:
             self.last_k = 0
-            first = FIRST_TOKEN_OUT and not seq.row.tokens
+            first = plain.FIRST_TOKEN_OUT and not seq.row.tokens
             rearm = not last and not first and self._rearms(seq)
             res = self.plain.round(seq.bonus, successor=not last and not rearm and not first)
             # (its kept steps may have reached plain.KEEP_MAX in this very round: no re-arm then)

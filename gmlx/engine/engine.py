@@ -163,7 +163,7 @@ class Engine:
             # run: the plan's transitions and admissions, then its round
             self._apply(plan)
             trace.mark("admission")
-            ran = self._round(plan.round, steady=not (plan.transitions or plan.admit))
+            ran = self._round(plan.round, steady=not (plan.transitions or plan.admit or self.lanes.cold(plan.round)))
             # postprocess: the round's tokens to their streams, finished rows out
             if ran is not None:
                 self._deliver_round(plan.round, *ran)

@@ -91,6 +91,11 @@ class Lanes:
         self.batch.add(ordered, cache, pres, arm=arm, shadow=shadow)
 
     # ---- the round and leaving ---------------------------------------------------------
+    def cold(self, kind: Round) -> bool:
+        """A batch plain round with no step in flight (after a row's first token: plain.FIRST_TOKEN_OUT):
+        its own whole step falls in its period, which the control must not take for a steady round's."""
+        return kind is Round.PLAIN and self.batch.lookahead is None
+
     def run(self, kind: Round, width: int) -> list[RoundResult]:
         if kind is Round.SCALAR or kind is Round.SCALAR_LAST:
             return [self.scalar.round(last=kind is Round.SCALAR_LAST)]
