@@ -9,7 +9,7 @@ request's whole time from submit to its last token (prefill included). Per quest
 turn, the order alternating; ratios are medians of per-question ratios to plain. Greedy, EOS ignored,
 fixed length; every arm's tokens are checked against plain's.
 
-Run: ``python benchmarks/bench_first_token.py --model smollm2-f32 --repeats 3 --max-tokens 64``
+Run: ``python benchmarks/bench_first_token.py --model smollm2-f32 --repeats 3 --max-tokens 64`` (``--concurrency 4``: bursts)
 Writes bench_results/<utc>_first_token.json and .md.
 """
 
@@ -37,17 +37,20 @@ ARMS = {"plain": (*PLAIN, True, True), "plain_before": (*PLAIN, False, False),  
         "default": (*DEFAULT, True, True), "default_before": (*DEFAULT, False, False)}
 
 
-def timed(eng: Engine, prompt: list[int], max_tokens: int, rules: tuple[bool, bool]) -> dict:
-    """One request through a running engine, read as a client reads its stream."""
+def timed(eng: Engine, prompts: list[list[int]], max_tokens: int, rules: tuple[bool, bool]) -> dict:
+    """Requests submitted together to a running engine, read as clients read their streams: the first
+    token's time from submit (the first request's, read from its stream; with several, the median of the
+    engine's `ttft_s`, which times the same), and the whole burst's."""
     with patch.object(plain, "FIRST_TOKEN_OUT", rules[0]), patch.object(scalar, "FIRST_TOKEN_PLAIN", rules[1]):
         t0 = time.perf_counter()
-        stream = eng.submit(prompt, SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True))
+        streams = [eng.submit(p, SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)) for p in prompts]
         first = None
-        for _ in stream:
+        for _ in streams[0]:
             first = time.perf_counter() if first is None else first
+        recs = [s.wait(600) for s in streams]
         end = time.perf_counter()
-    rec = stream.wait(5)
-    return {"ttft": first - t0, "total": end - t0, "tokens": rec.tokens}
+    ttft = first - t0 if len(recs) == 1 else statistics.median(r.stats["ttft_s"] for r in recs)
+    return {"ttft": ttft, "total": end - t0, "tokens": [r.tokens for r in recs]}
 
 
 def main() -> None:
@@ -55,10 +58,12 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-f32", help="embedded, smollm2-f32 or smollm2-q")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=1, help="requests submitted together (a kind's next ones)")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     lm = model(a.model)
-    prompts = [(kind, p) for kind, ps in prompt_sets(lm, a.model).items() for p in ps]
+    prompts = [(kind, [ps[(i + j) % len(ps)] for j in range(a.concurrency)])
+               for kind, ps in prompt_sets(lm, a.model).items() for i in range(len(ps))]
     engines = {arm: Engine(lm, cfg, switches=sw) for arm, (cfg, sw, *_) in ARMS.items()}
     for arm, eng in engines.items():  # warm-up: kernels, the probe, the control's first figures
         timed(eng, prompts[0][1], 16, ARMS[arm][2:])
@@ -79,17 +84,18 @@ def main() -> None:
         cell = {"kind": kind, "requests": len(idx)}
         for arm in ARMS:
             cell[arm] = {"ttft_ms": statistics.median(runs[arm][j]["ttft"] for j in idx) * 1e3,
-                         "tok_s": sum(len(runs[arm][j]["tokens"]) for j in idx) / sum(runs[arm][j]["total"] for j in idx),
+                         "tok_s": sum(len(t) for j in idx for t in runs[arm][j]["tokens"]) / sum(runs[arm][j]["total"] for j in idx),
                          "ttft_vs_plain": statistics.median(runs[arm][j]["ttft"] / runs["plain"][j]["ttft"] for j in idx),
                          "speed_vs_plain": statistics.median(runs["plain"][j]["total"] / runs[arm][j]["total"] for j in idx)}
         cells.append(cell)
     cmd = command_line("bench_first_token.py", a)
     lines = [f"`{cmd}`", "", "Time to first token (median over requests; its ratio to plain's, median of per-request ratios) and",
-             "the request's speed (prefill included: plain's whole time over the arm's, median per request).", "",
+             "the request's speed (prefill included: plain's whole time over the arm's, median per request); with",
+             "--concurrency c, per burst of c requests submitted together (its requests' median first token).", "",
              "| prompts | " + " | ".join(f"{arm}: first token ms (/ plain) | {arm}: speed" for arm in ARMS) + " | same tokens |",
              "|---|" + "---|---|" * len(ARMS) + "---|"]
     for c in cells:
-        lines.append(f"| {c['kind']} x {c['requests']} | " + " | ".join(
+        lines.append(f"| {c['kind']} x {c['requests']}{f' bursts of {a.concurrency}' if a.concurrency > 1 else ''} | " + " | ".join(
             f"{c[arm]['ttft_ms']:.1f} ({c[arm]['ttft_vs_plain']:.2f}) | {c[arm]['speed_vs_plain']:.2f}x" for arm in ARMS)
             + f" | {all(same.values())} |")
     print("\n".join(lines))

@@ -20,7 +20,7 @@ from gmlx.sampling import RowSampling, sample
 # A request's first token leaves the engine before a successor is dispatched (here and in the batch's
 # plain rounds): a forward's dispatch waits for the device as it is built (gmlx/models/early_dispatch.py),
 # so a first token read after its successor's dispatch waited for most of that step (SmolLM2 float32
-# here: time to first token 170 -> 158 ms; benchmarks/bench_first_token.py). The round after starts with
+# here: time to first token 174 -> 155 ms; benchmarks/bench_first_token.py). The round after starts with
 # nothing in flight: its period holds its own whole step, and it is not timed (the engine's `_round`).
 FIRST_TOKEN_OUT = True
 

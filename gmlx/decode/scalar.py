@@ -44,8 +44,8 @@ from gmlx.sampling import RowSampling, sample
 # A request that will draft takes its first token from a plain step (plain.FIRST_TOKEN_OUT: it leaves
 # before anything else is dispatched) and drafts from the second (a re-arm), not in a first round whose
 # drafts the prompt alone made: that token waited for the drafts and their verify (SmolLM2 float32 here:
-# time to first token 197 -> 158 ms, plain's 158 ms), and a whole answer gains under a tenth of a step
-# from drafting that early (benchmarks/bench_first_token.py; docs/speculation.md, "The first token").
+# time to first token 191 -> 157 ms, plain's 155 ms). The answer as a whole gives up the first round's
+# extra tokens, ~0.2 of a step on SmolLM2's code (measured: within 1-2 %; docs/speculation.md, "The first token").
 FIRST_TOKEN_PLAIN = True
 
 
