@@ -9,7 +9,12 @@ request's whole time from submit to its last token (prefill included). Per quest
 turn, the order alternating; ratios are medians of per-question ratios to plain. Greedy, EOS ignored,
 fixed length; every arm's tokens are checked against plain's.
 
-Run: ``python benchmarks/bench_first_token.py --model smollm2-f32 --repeats 3 --max-tokens 64`` (``--concurrency 4``: bursts)
+`--loop`: what the rules cost a batch's throughput instead: each arm runs the kind's prompts as a closed loop
+(`--concurrency` in flight, each finished request's place taken at once, so rows keep joining), stepped in
+this thread; tokens/s per repeat, medians of per-repeat ratios to plain.
+
+Run: ``python benchmarks/bench_first_token.py --model smollm2-f32 --repeats 3 --max-tokens 64`` (``--concurrency 4``:
+bursts; ``--concurrency 4 --loop``: closed loops)
 Writes bench_results/<utc>_first_token.json and .md.
 """
 
@@ -29,7 +34,7 @@ from gmlx.decode import plain, scalar
 from gmlx.machine import describe
 
 from bench_matrix import model, prompt_sets
-from common import command_line, write_result
+from common import closed_loop, command_line, write_result
 
 PLAIN = (EngineConfig(speculative=False, prompt_cache_bytes=0), Switches(control=False))
 DEFAULT = (EngineConfig(prompt_cache_bytes=0), Switches(control=True))
@@ -53,15 +58,47 @@ def timed(eng: Engine, prompts: list[list[int]], max_tokens: int, rules: tuple[b
     return {"ttft": ttft, "total": end - t0, "tokens": [r.tokens for r in recs]}
 
 
+def loops(lm, a) -> None:
+    """--loop: each arm's closed loop over each kind's prompts, interleaved; tokens/s ratios to plain."""
+    pools = prompt_sets(lm, a.model)
+    reps = {(kind, arm): [] for kind in pools for arm in ARMS}
+    for rep in range(a.repeats):
+        for kind, pool in pools.items():
+            for arm in (list(ARMS) if rep % 2 == 0 else list(reversed(ARMS))):
+                cfg, sw, *rules = ARMS[arm]
+                with patch.object(plain, "FIRST_TOKEN_OUT", rules[0]), patch.object(scalar, "FIRST_TOKEN_PLAIN", rules[1]):
+                    reps[kind, arm].append(closed_loop(Engine(lm, cfg, switches=sw), pool * 2, a.concurrency, a.max_tokens))
+            print(f"rep {rep} {kind} " + "  ".join(f"{arm} {reps[kind, arm][-1]['tok_s']:.1f}" for arm in ARMS), flush=True)
+    cmd = command_line("bench_first_token.py", a)
+    lines = [f"`{cmd}`", "", f"Closed loops of {a.concurrency} (each kind's prompts twice), tokens/s: median, and the",
+             "median of per-repeat ratios to plain.", "", "| prompts | " + " | ".join(ARMS) + " | same tokens |",
+             "|---|" + "---|" * len(ARMS) + "---|"]
+    cells = []
+    for kind in pools:
+        ratio = {arm: statistics.median(r["tok_s"] / p["tok_s"] for r, p in zip(reps[kind, arm], reps[kind, "plain"]))
+                 for arm in ARMS}
+        same = all(r["out"] == p["out"] for arm in ARMS for r, p in zip(reps[kind, arm], reps[kind, "plain"]))
+        cells.append({"kind": kind, "ratio_to_plain": ratio, "same_tokens": same,
+                      "tok_s": {arm: [r["tok_s"] for r in reps[kind, arm]] for arm in ARMS}})
+        lines.append(f"| {kind} | " + " | ".join(f"{statistics.median(r['tok_s'] for r in reps[kind, arm]):.1f}"
+                                                  f" ({ratio[arm]:.2f})" for arm in ARMS) + f" | {same} |")
+    print("\n".join(lines))
+    path = write_result(a.out, "first_token_loop", {"machine": describe(), "command": cmd, "cells": cells})
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-f32", help="embedded, smollm2-f32 or smollm2-q")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=1, help="requests submitted together (a kind's next ones)")
+    ap.add_argument("--loop", action="store_true", help="closed loops of --concurrency: the batch's throughput")
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     a = ap.parse_args()
     lm = model(a.model)
+    if a.loop:
+        return loops(lm, a)
     prompts = [(kind, [ps[(i + j) % len(ps)] for j in range(a.concurrency)])
                for kind, ps in prompt_sets(lm, a.model).items() for i in range(len(ps))]
     engines = {arm: Engine(lm, cfg, switches=sw) for arm, (cfg, sw, *_) in ARMS.items()}
