@@ -21,6 +21,7 @@ Writes bench_results/<utc>_first_token.json and .md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -42,11 +43,19 @@ ARMS = {"plain": (*PLAIN, True, True), "plain_before": (*PLAIN, False, False),  
         "default": (*DEFAULT, True, True), "default_before": (*DEFAULT, False, False)}
 
 
-def timed(eng: Engine, prompts: list[list[int]], max_tokens: int, rules: tuple[bool, bool]) -> dict:
+@contextlib.contextmanager
+def rules_of(arm: str):
+    """The first-token rules as the arm runs them (gmlx's, or gmlx before them)."""
+    out, first_plain = ARMS[arm][2:]
+    with patch.object(plain, "FIRST_TOKEN_OUT", out), patch.object(scalar, "FIRST_TOKEN_PLAIN", first_plain):
+        yield
+
+
+def timed(eng: Engine, prompts: list[list[int]], max_tokens: int, arm: str) -> dict:
     """Requests submitted together to a running engine, read as clients read their streams: the first
     token's time from submit (the first request's, read from its stream; with several, the median of the
     engine's `ttft_s`, which times the same), and the whole burst's."""
-    with patch.object(plain, "FIRST_TOKEN_OUT", rules[0]), patch.object(scalar, "FIRST_TOKEN_PLAIN", rules[1]):
+    with rules_of(arm):
         t0 = time.perf_counter()
         streams = [eng.submit(p, SamplingParams(max_tokens=max_tokens, seed=0, ignore_eos=True)) for p in prompts]
         first = None
@@ -62,11 +71,14 @@ def loops(lm, a) -> None:
     """--loop: each arm's closed loop over each kind's prompts, interleaved; tokens/s ratios to plain."""
     pools = prompt_sets(lm, a.model)
     reps = {(kind, arm): [] for kind in pools for arm in ARMS}
+    for arm, (cfg, sw, *_) in ARMS.items():  # warm-up: kernels, the probe, the allocator
+        with rules_of(arm):
+            closed_loop(Engine(lm, cfg, switches=sw), next(iter(pools.values()))[:2], a.concurrency, 8)
     for rep in range(a.repeats):
         for kind, pool in pools.items():
             for arm in (list(ARMS) if rep % 2 == 0 else list(reversed(ARMS))):
-                cfg, sw, *rules = ARMS[arm]
-                with patch.object(plain, "FIRST_TOKEN_OUT", rules[0]), patch.object(scalar, "FIRST_TOKEN_PLAIN", rules[1]):
+                cfg, sw, *_ = ARMS[arm]
+                with rules_of(arm):
                     reps[kind, arm].append(closed_loop(Engine(lm, cfg, switches=sw), pool * 2, a.concurrency, a.max_tokens))
             print(f"rep {rep} {kind} " + "  ".join(f"{arm} {reps[kind, arm][-1]['tok_s']:.1f}" for arm in ARMS), flush=True)
     cmd = command_line("bench_first_token.py", a)
@@ -103,13 +115,13 @@ def main() -> None:
                for kind, ps in prompt_sets(lm, a.model).items() for i in range(len(ps))]
     engines = {arm: Engine(lm, cfg, switches=sw) for arm, (cfg, sw, *_) in ARMS.items()}
     for arm, eng in engines.items():  # warm-up: kernels, the probe, the control's first figures
-        timed(eng, prompts[0][1], 16, ARMS[arm][2:])
+        timed(eng, prompts[0][1], 16, arm)
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for rep in range(a.repeats):
         for i, (kind, p) in enumerate(prompts):
             order = list(ARMS) if (rep + i) % 2 == 0 else list(reversed(ARMS))
             for arm in order:
-                runs[arm].append({"kind": kind, **timed(engines[arm], p, a.max_tokens, ARMS[arm][2:])})
+                runs[arm].append({"kind": kind, **timed(engines[arm], p, a.max_tokens, arm)})
             print(f"rep {rep} {kind} " + "  ".join(f"{arm} ttft {runs[arm][-1]['ttft'] * 1e3:6.1f} ms total "
                                                   f"{runs[arm][-1]['total'] * 1e3:7.1f} ms" for arm in ARMS), flush=True)
     for eng in engines.values():
