@@ -45,7 +45,7 @@ from gmlx.sampling import RowSampling, sample
 # before anything else is dispatched) and drafts from the second (a re-arm), not in a first round whose
 # drafts the prompt alone made: that token waited for the drafts and their verify (SmolLM2 float32 here:
 # time to first token 191 -> 157 ms, plain's 155 ms). The answer as a whole gives up the first round's
-# extra tokens, ~0.2 of a step on SmolLM2's code (measured: within 1-2 %; docs/speculation.md, "The first token").
+# extra tokens, ~0.2 of a step on SmolLM2's code (measured: 1-2 % of a 64-token answer; docs/speculation.md).
 FIRST_TOKEN_PLAIN = True
 
 
