@@ -23,7 +23,7 @@ Variants (`--variants`):
 - k1 / k2 / k3: K = 1 (2, 3) every round, the control off (K = 1: the best fixed K on SmolLM2
   float32 at c = 1).
 - norearm / sure: a lone request the control sends plain drops its drafter and decodes plain to
-  its end, and a try stays only if its gain is sure (norearm: gmlx before scalar.REARM_MIN and
+  its end, and a try stays only if its gain is sure (norearm: gmlx before thresholds.REARM_MIN and
   width_control.LONE_POINT); or it re-arms but the doubt is kept (sure).
 - nosoon: a lone request sent plain at a gain near 1 (within its acceptance's standard error)
   waits out the exploration's back-off instead of trying again after EXPLORE_SOON rounds.
@@ -76,10 +76,10 @@ from gmlx.config import Switches
 from gmlx.engine.cap_watch import CapWatch
 from gmlx.engine.speculation import Speculation
 from gmlx.machine import describe
-from gmlx.decode import scalar, shadow
+from gmlx.decode import shadow
 from gmlx.drafters.context_lookup import ContextLookup
 from gmlx.drafters.prediction import PredictionDrafter
-from gmlx.policy import control, width_control
+from gmlx.policy import control, thresholds, width_control
 
 from bench_matrix import ARMS, model, prompt_sets
 from common import command_line, ratio, run_burst, write_result
@@ -132,8 +132,8 @@ VARIANTS = {  # name: (what it is, the patch it runs under)
     "k2": ("K=2 every round, control off", contextlib.nullcontext),
     "k3": ("K=3 every round, control off", contextlib.nullcontext),
     # a lone request sent plain drops its drafter and stays plain, and a try stays only if its gain
-    # is sure (gmlx before this rule: scalar.REARM_MIN, width_control.LONE_POINT)
-    "norearm": ("no re-arm, doubt kept", lambda: _both(patch.object(scalar, "REARM_MIN", 10 ** 9),
+    # is sure (gmlx before this rule: thresholds.REARM_MIN, width_control.LONE_POINT)
+    "norearm": ("no re-arm, doubt kept", lambda: _both(patch.object(thresholds, "REARM_MIN", 10 ** 9),
                                                        patch.object(width_control, "LONE_POINT", False))),
     "sure": ("re-arm, doubt kept", lambda: patch.object(width_control, "LONE_POINT", False)),
     "off": ("the default drafter, control off", contextlib.nullcontext),

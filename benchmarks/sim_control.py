@@ -40,7 +40,7 @@ import numpy as np
 import gmlx  # noqa: F401  (OpenBLAS before mlx)
 from gmlx import Engine, EngineConfig, SamplingParams
 from gmlx.config import Switches
-from gmlx.decode import batch_shadow, scalar
+from gmlx.decode import batch_shadow, scalar, scalar_start
 from gmlx.engine import engine as engine_mod, lanes, speculation
 from gmlx.gguf.smollm2 import converted
 from gmlx.machine import describe
@@ -239,7 +239,8 @@ VARIANTS["untimedshadow"] = _untimed_shadow_variant()
 # the load probe's figures as the table's own rounds (a probe that timed whole rounds, drafts and host work included)
 TRUE_PROBE = Costs(verify=(1.0, 1.20, 1.50, 1.57), draft=0.04, source="measured (simulated)",
                    rows=((1, 1.0), (2, 1.20), (3, 1.50), (4, 1.57), (6, 1.83), (8, 2.11), (12, 3.18), (16, 3.18)))
-VARIANTS["trueprobe"] = [(scalar, name, lambda *a, **kw: TRUE_PROBE) for name in ("round_costs", "reconfirmed")]
+VARIANTS["trueprobe"] = [(mod, name, lambda *a, **kw: TRUE_PROBE) for mod, name in ((scalar, "round_costs"),
+                                                                      (scalar_start, "reconfirmed"))]
 VARIANTS["trueprobe_notries"] = VARIANTS["trueprobe"] + VARIANTS["notries"]
 # with early dispatch a K = 1 round costs ~1.10 plain rounds: less doubt to plain (MARGIN 1.05 -> 1.02 to enter,
 # STAY 1.03 -> 1.0 to stay), or fewer rounds before a choice may be left (MIN_EVIDENCE 6 -> 3)
@@ -337,7 +338,7 @@ class SimClock:
         SimClock.table = self.ratio
         fake = types.SimpleNamespace(perf_counter=lambda: self.t)
         engine_mod.time = width_control.time = fake
-        scalar.round_costs = scalar.reconfirmed = lambda *a, **kw: self.probe
+        scalar.round_costs = scalar_start.reconfirmed = lambda *a, **kw: self.probe
         run = lanes.Lanes.run
 
         def timed_run(lane, kind, width):

@@ -666,7 +666,7 @@ def test_a_new_batchs_first_round_drafts_the_controls_choice(lm, prompts, clean,
 def test_a_lone_request_follows_the_measured_choice_and_its_stream_holds(lm, prompts, clean, monkeypatch,
                                                                          spec_cost, plain_at_end):
     """Nothing paired yet: the first lone request speculates on the load probe's costs and runs the
-    control's plain window mid-request (it keeps its drafter and re-arms after it: scalar.REARM_MIN),
+    control's plain window mid-request (it keeps its drafter and re-arms after it: thresholds.REARM_MIN),
     which pairs the two kinds of round; from then on it, and the next request, are decided on the
     paired cost (6x: plain; 1.05x: they keep drafting)."""
     forced(monkeypatch, spec_cost)
